@@ -1,0 +1,222 @@
+"""The cpu backend: the whole fused-step protocol in torch CPU code over /dev/shm peer buffers.
+
+It is the reference every other backend is judged against, so it follows the kernel's protocol
+step for step: BLOCKS virtual CTAs each push a column chunk and carry their own flags, flags
+hold the epoch and match exactly, every wait is bounded, a fault is recorded and passed on to
+the peers (fault_box + a negative flag) and the step still ends and moves the epoch on.
+Waits back off from a yield to 1 ms sleeps, so three ranks on two cores never starve each other.
+x86 keeps stores in order (TSO), which is what orders a pushed row before its flag here.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ffnq.dist import ShmPeers, address_view, barrier
+from ffnq.errors import UsageError
+from ffnq.runner import PeerBuffer, Runner
+from ffnq.spec import FAULT_FIELDS, Experts, ModelSpec, Phase, kernel_name, stamp_names, view
+from ffnq.weights import dequant
+
+MAX_EPOCH = 2**31 - 1
+
+
+def next_epoch(e: int) -> int:
+    return 1 if e >= MAX_EPOCH or e < 0 else e + 1  # 0 is the cleared value: never a live tag
+
+
+class CpuRunner(Runner):
+    backend = "cpu"
+    BLOCKS = 4
+    THREADS = 1
+
+    @classmethod
+    def open_peers(cls, model: ModelSpec, tp: int, rank: int, device, tag: str) -> PeerBuffer:
+        nbytes = cls.peer_bytes(model, tp)
+        shm = ShmPeers(tag, rank, tp, nbytes)
+        return PeerBuffer(shm.addresses[rank], torch.tensor(shm.addresses, dtype=torch.int64), nbytes,
+                          close=shm.close, keep=[shm])
+
+    def peer_view(self, address: int) -> torch.Tensor:
+        return address_view(address, self.peer_bytes(self.model, self.tp))
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.device.type != "cpu":
+            raise UsageError(f"device {self.device}: the cpu backend runs on cpu")
+        bufs = [self.own if int(a) == self.sym else self.peer_view(int(a)) for a in self.peers.tolist()]
+        self._peer = {name: [view(b, self.peer_regions[name]) for b in bufs]
+                      for name in ("flags", "fault_box", "seam", "moe")}
+        H, B = self.model.hidden, self.BLOCKS
+        self._cols = [slice(c * H // B, (c + 1) * H // B) for c in range(B)]
+        self._stamp = {n: i for i, n in enumerate(stamp_names(self.tp))}
+        self._compile_s: dict[int, float] = {}
+
+    # ---- contract ----------------------------------------------------------------------------
+    def warm(self, weights, compute_units: int | None = None) -> None:
+        for s in self.widths:
+            t0 = time.perf_counter()
+            self._check_weights(weights)
+            self._compile_s[s] = time.perf_counter() - t0
+
+    def describe(self, width: int) -> dict:
+        return {"kernel": kernel_name(self.keys[width]), "compile_s": self._compile_s.get(width),
+                "grid": self.BLOCKS, "threads": self.THREADS}
+
+    def reset(self) -> None:
+        barrier()  # no launch in flight anywhere
+        for buf in self.scratch.values():
+            buf.zero_()
+        for name in ("flags", "fault_box"):
+            self._peer[name][self.rank].zero_()
+        self.epoch.zero_()
+        barrier()  # nobody starts a step on a half-cleared peer
+
+    def __call__(self, part, residual, weights, slots, final=False):
+        s = self.check_inputs(part, residual, slots)
+        return _Launch(self, s, weights).run(part, residual, slots[:s], final)
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _check_weights(self, w) -> None:
+        m, tp, ex = self.model, self.tp, self.experts
+        want = {"post_norm": (m.hidden,), "router": (m.experts, m.hidden), "router_bias": (m.experts,)}
+        if ex is not Experts.NONE:
+            E, I = m.experts_per_rank(tp, ex), m.intermediate_per_rank(tp, ex)
+            want |= {"w13": (E, 2 * I, m.hidden), "s13": (E, 2 * I // m.block, m.hidden // m.block),
+                     "w2": (E, m.hidden, I), "s2": (E, m.hidden // m.block, I // m.block)}
+        for name, shape in want.items():
+            got = getattr(w, name, None)
+            if got is None or tuple(got.shape) != shape:
+                raise UsageError(f"weights.{name}: {None if got is None else tuple(got.shape)}; "
+                                 f"{m.name} at tp={tp}, experts={ex.value} needs {shape}")
+
+
+class _Launch:
+    """One step of one rank: the kernel's body, phase by phase."""
+
+    def __init__(self, r: CpuRunner, s: int, weights):
+        self.r, self.s, self.w = r, s, weights
+        self.e = next_epoch(int(r.epoch[0]))
+        self.par = self.e & 1
+        self.fault = r.view(s, "fault")
+        self.fault.zero_()
+        self.tl = r.view(s, "timeline") if r.timeline else None
+        if self.tl is not None:
+            self.tl.zero_()
+        self.faulted = False
+
+    def stamp(self, name: str, c: int | None = None) -> None:
+        if self.tl is not None:
+            t = time.monotonic_ns()
+            col = self.r._stamp[name]
+            if c is None:
+                self.tl[:, col] = t
+            else:
+                self.tl[c, col] = t
+
+    def run(self, part, residual, slots, final):
+        r, s = self.r, self.s
+        self.stamp("start")
+        who, delay = r.inject.tolist()
+        if who == r.rank + 1 and delay > 0:
+            time.sleep(delay / 1e9)
+        self.exchange(Phase.SEAM, "seam", part)
+        h = residual.float() + r._peer["seam"][r.rank][self.par, :, :s].float().sum(0)
+        res_out = h.to(torch.bfloat16)
+        m = r.model
+        x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + m.eps) * self.w.post_norm.float()
+        idx, wts = self.route(x, slots < 0)
+        self.stamp("router_done")
+        y = self.experts(x, idx, wts, slots < 0)
+        self.stamp("experts_done")
+        self.exchange(Phase.REDUCE, "moe", y.to(torch.bfloat16))
+        out = r._peer["moe"][r.rank][self.par, :, :s].float().sum(0).to(torch.bfloat16)
+        if final:
+            self.exchange(Phase.HANDSHAKE, None, None)
+        self.stamp("end")
+        r.epoch[0] = self.e
+        return out, res_out
+
+    def route(self, x, pad):
+        r, m = self.r, self.r.model
+        scores = torch.sigmoid(x @ self.w.router.float().T)
+        idx = torch.topk(scores + self.w.router_bias.float(), m.top_k, dim=-1).indices
+        wts = scores.gather(1, idx)
+        wts = wts / wts.sum(-1, keepdim=True)
+        order = idx.sort(-1)
+        r.view(self.s, "route").copy_(order.values.masked_fill(pad[:, None], -1))
+        r.view(self.s, "route_w").copy_(wts.gather(1, order.indices).masked_fill(pad[:, None], 0))
+        return idx, wts
+
+    def experts(self, x, idx, wts, pad):
+        r, m, w = self.r, self.r.model, self.w
+        y = torch.zeros_like(x)
+        if r.experts is Experts.NONE:
+            return y
+        n = m.experts_per_rank(r.tp, r.experts)
+        first = getattr(w, "first_expert", 0) if r.experts is Experts.LOCAL else 0
+        half = w.w13.shape[1] // 2
+        for e in torch.unique(idx[~pad]).tolist():
+            le = e - first
+            if not 0 <= le < n:
+                continue  # another rank's expert (LOCAL)
+            rows, k = torch.nonzero((idx == e) & ~pad[:, None], as_tuple=True)
+            gu = x[rows] @ dequant(w.w13[le], w.s13[le], m.block).T
+            a = F.silu(gu[:, :half]) * gu[:, half:]
+            y.index_add_(0, rows, (a @ dequant(w.w2[le], w.s2[le], m.block).T) * wts[rows, k, None])
+        return y
+
+    # ---- protocol ----------------------------------------------------------------------------
+    def exchange(self, phase: Phase, region: str | None, rows) -> None:
+        """Push this rank's rows into every peer's slot, publish, wait for every peer."""
+        r, p = self.r, phase.name.lower()
+        for c, cols in enumerate(r._cols):
+            if region is not None:
+                for dst in range(r.tp):
+                    r._peer[region][dst][self.par, r.rank, : self.s, cols] = rows[:, cols]
+            val = -self.e if self.faulted else self.e
+            for dst in range(r.tp):
+                r._peer["flags"][dst][phase, c, r.rank] = val
+            self.stamp(f"{p}_arrive", c)
+        self.wait(phase)
+
+    def wait(self, phase: Phase) -> None:
+        r, p = self.r, phase.name.lower()
+        flags = r._peer["flags"][r.rank][phase]
+        t0 = time.monotonic_ns()
+        deadline = t0 + r.keys[self.s].timeout_ns
+        for c in range(r.BLOCKS):
+            for src in range(r.tp):
+                if self.faulted:
+                    return  # after a fault no wait is entered again
+                spins = 0
+                while True:
+                    v = int(flags[c, src])
+                    if v == self.e:
+                        self.stamp(f"{p}_seen{src}", c)
+                        break
+                    if v == -self.e:  # src faulted: take its word for who is missing
+                        box = r._peer["fault_box"][r.rank][src].tolist()
+                        mask = box[1] if box[0] == self.e else 1 << src
+                        self.record(phase, c, mask, time.monotonic_ns() - t0)
+                        break
+                    now = time.monotonic_ns()
+                    if now > deadline:
+                        mask = sum(1 << q for q in range(r.tp) if int(flags[c, q]) != self.e)
+                        self.record(phase, c, mask, now - t0)
+                        break
+                    spins += 1
+                    time.sleep(0 if spins < 50 else min(1e-3, 1e-5 * 2 ** min(spins - 50, 7)))
+            self.stamp(f"{p}_done", c)
+
+    def record(self, phase: Phase, c: int, mask: int, waited: int) -> None:
+        r = self.r
+        self.faulted = True
+        vals = dict(valid=1, epoch=self.e, phase=int(phase), rank=r.rank, missing_mask=mask,
+                    waited_ns=waited, cta=c, at_ns=time.monotonic_ns())
+        self.fault.copy_(torch.tensor([vals[f] for f in FAULT_FIELDS], dtype=torch.int64))
+        note = torch.tensor([self.e, mask, int(phase), waited], dtype=torch.int64)
+        for dst in range(r.tp):  # before any negative flag, so a peer that sees one finds this
+            r._peer["fault_box"][dst][r.rank].copy_(note)

@@ -1,0 +1,73 @@
+"""What every job does on one rank before its own work: process group, peer buffers, weights,
+runners, and fresh inputs.
+
+Inputs come from (seed, case, step) alone, so every rank can regenerate every other rank's
+``part`` and compute the fp64 reference itself, with no extra communication.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from ffnq.dist import init_from_env, shared_tag
+from ffnq.runner import PeerBuffer, Runner, load_runner
+from ffnq.spec import Experts, ModelSpec, load_model
+from ffnq.weights import FullWeights, RankWeights, shard, synthetic
+
+
+@dataclass
+class RankJob:
+    rank: int
+    tp: int
+    model: ModelSpec
+    runner_cls: type[Runner]
+    experts: Experts
+    timeout: float
+    seed: int
+    device: torch.device
+    peers: PeerBuffer
+    full: FullWeights
+    weights: RankWeights
+    runners: list[Runner] = field(default_factory=list)
+
+    def runner(self, widths=None, timeline: bool = False, epoch: torch.Tensor | None = None,
+               experts: Experts | None = None, **build) -> Runner:
+        r = self.runner_cls(self.tp, self.rank, self.peers.sym, self.peers.peers, self.device, widths=widths,
+                            experts=experts or self.experts, timeline=timeline, epoch=epoch, model=self.model,
+                            timeout=self.timeout, **build)
+        self.runners.append(r)
+        return r
+
+    def inputs(self, s: int, case: int, step: int = 0, padding: int = 0):  # case, step: ints
+        """Every rank's part, the residual and slots of one check; ``padding`` rows get slot -1
+        (spread over the width, never all of it unless padding >= s)."""
+        g = torch.Generator().manual_seed((self.seed * 1_000_003 + case * 10_007 + step * 101 + s) & 0x7FFF_FFFF)
+        H = self.model.hidden
+        parts = [(torch.randn(s, H, generator=g) / self.tp ** 0.5).bfloat16() for _ in range(self.tp)]
+        residual = torch.randn(s, H, generator=g).bfloat16()
+        slots = torch.randperm(4 * s, generator=g)[:s].to(torch.int64)
+        if padding:
+            slots[torch.randperm(s, generator=g)[: min(padding, s)]] = -1
+        dev = self.device
+        return [p.to(dev) for p in parts], residual.to(dev), slots.to(dev)
+
+    def close(self) -> None:
+        self.runners.clear()
+        self.peers.close()
+
+
+def setup(backend: str, model: str | ModelSpec, experts: str | Experts = "all", timeout: float = 1.0,
+          seed: int = 0, dist_timeout_s: float = 120.0) -> RankJob:
+    """Collective: every rank of the job calls it with the same arguments."""
+    runner_cls = load_runner(backend)
+    spec = load_model(model) if isinstance(model, str) else model
+    experts = Experts(experts)
+    rank, tp = init_from_env(runner_cls.DIST_BACKEND, dist_timeout_s)
+    spec.check(tp, experts)
+    device = runner_cls.default_device(int(os.environ.get("LOCAL_RANK", rank)))
+    full = synthetic(spec, seed, device)
+    weights = shard(full, spec, tp, rank, experts)
+    peers = runner_cls.open_peers(spec, tp, rank, device, shared_tag())
+    return RankJob(rank, tp, spec, runner_cls, experts, timeout, seed, device, peers, full, weights)

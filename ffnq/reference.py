@@ -1,0 +1,97 @@
+"""The fp64 oracle of one fused step, computed from every rank's inputs and the full weights.
+
+    h       = residual + sum_r part_r                     (res_out)
+    x       = h / sqrt(mean(h^2) + eps) * post_norm
+    scores  = sigmoid(x @ router^T)
+    chosen  = top_k(scores + router_bias)                 (the bias only selects)
+    w       = scores[chosen] / sum(scores[chosen])
+    out     = sum_k w_k * w2_k(silu(w1_k x) * w3_k x)     (0 for padding rows, slot < 0)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ffnq.spec import Experts, ModelSpec
+from ffnq.weights import FullWeights, dequant
+
+TIE_EPS = 1e-6  # a row whose k-th and (k+1)-th biased scores are this close may pick either
+
+
+@dataclass
+class Reference:
+    out: torch.Tensor  # [s, H] fp64
+    res_out: torch.Tensor  # [s, H] fp64
+    chosen: torch.Tensor  # [s, k] int64, sorted per row; -1 for padding rows
+    weights: torch.Tensor  # [s, k] fp64, matching chosen
+    near_tie: torch.Tensor  # [s] bool
+
+
+def route(x: torch.Tensor, w: FullWeights, spec: ModelSpec):
+    """Sigmoid scores, biased top-k, renormalised weights; also flags near-tie rows."""
+    scores = torch.sigmoid(x @ w.router.to(x.dtype).T)
+    biased = scores + w.router_bias.to(x.dtype)
+    top = torch.topk(biased, min(spec.top_k + 1, spec.experts), dim=-1)
+    idx = top.indices[:, : spec.top_k]
+    if spec.top_k < spec.experts:
+        gap = top.values[:, spec.top_k - 1] - top.values[:, spec.top_k]
+        tie = gap.abs() <= TIE_EPS
+    else:
+        tie = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    wts = scores.gather(1, idx)
+    return idx, wts / wts.sum(-1, keepdim=True), tie
+
+
+def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor, w: FullWeights,
+         spec: ModelSpec, experts: Experts = Experts.ALL) -> Reference:
+    dt = torch.float64
+    dev = residual.device
+    h = residual.to(dt) + sum(p.to(dt) for p in parts)
+    x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + spec.eps) * w.post_norm.to(dev, dt)
+    idx, wts, tie = route(x, w, spec)
+    pad = slots[: h.shape[0]].to(dev) < 0
+    out = torch.zeros_like(h)
+    if experts is not Experts.NONE:
+        for e in torch.unique(idx[~pad]).tolist():
+            rows, k = torch.nonzero((idx == e) & ~pad[:, None], as_tuple=True)
+            xe = x[rows]
+            g = xe @ dequant(w.w1[e], w.s1[e], spec.block, dt).T
+            u = xe @ dequant(w.w3[e], w.s3[e], spec.block, dt).T
+            y = (F.silu(g) * u) @ dequant(w.w2[e], w.s2[e], spec.block, dt).T
+            out.index_add_(0, rows, y * wts[rows, k, None])
+    order = idx.sort(-1)
+    chosen = order.values.masked_fill(pad[:, None], -1)
+    weights = wts.gather(1, order.indices).masked_fill(pad[:, None], 0.0)
+    return Reference(out, h, chosen, weights, tie & ~pad)
+
+
+# tolerance of a bf16-output kernel against the fp64 oracle: rtol on each element plus an atol
+# of rtol times the output's RMS, so near-zero elements are not judged by their relative error
+RTOL = {torch.bfloat16: 1.6e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+MAX_REL_ERR = 1e-2
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None = None) -> dict:
+    """rel_err = ||got - ref|| / ||ref|| over the kept rows; wrong = elements beyond tolerance
+    (nccl-tests' #wrong); worst = the row, column, expected and got of the largest miss."""
+    g, r = got.double(), ref.double().to(got.device)
+    if rows is not None:
+        g, r = g[rows.to(got.device)], r[rows.to(got.device)]
+    rtol = RTOL.get(got.dtype, 1.6e-2)
+    nan = int(torch.isnan(g).sum() + torch.isinf(g).sum())
+    diff = (g - r).abs().nan_to_num(float("inf"))
+    rms = r.pow(2).mean().sqrt().item() if r.numel() else 0.0
+    tol = rtol * r.abs() + rtol * rms
+    wrong = int((diff > tol).sum())
+    rn = r.norm().item()
+    rel = (diff.nan_to_num(0).norm().item() / rn) if rn > 0 else float(diff.max().item() if diff.numel() else 0)
+    if nan:
+        rel = float("inf")
+    worst = None
+    if diff.numel():
+        i = int(torch.argmax(diff - tol))
+        row, col = divmod(i, diff.shape[-1])
+        worst = {"row": row, "col": col, "expected": float(r.view(-1)[i]), "got": float(g.view(-1)[i])}
+    return {"rel_err": rel, "wrong": wrong, "nan": nan, "elements": int(r.numel()), "worst": worst}

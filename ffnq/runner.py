@@ -1,0 +1,174 @@
+"""The runner contract every backend and plug-in obeys, the backend registry, plug-in loading.
+
+    Runner(tp, rank, sym, peers, device, widths=range(1, MAX_TOKENS + 1), experts=Experts.ALL,
+           timeline=False, epoch=None, *, model=..., timeout=1.0, **build)
+
+``sym`` is this rank's peer buffer (an address), ``peers`` every rank's (int64 addresses on the
+runner's device). A job makes both with ``Runner.open_peers`` (collective), which also owns
+their lifetime. Widths are row counts 1..model.max_tokens; each gets one compiled kernel and
+one scratch buffer. Runners built on one peer buffer share its epoch word unless given another
+``epoch``: a flag value repeated during the buffer's life could match a stale pair.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ffnq.errors import UsageError
+from ffnq.spec import (EPOCH_WORDS, Experts, FfnBuild, ModelSpec, Region, decode_fault, layout_bytes,
+                       load_model, peer_layout, scratch_layout, view)
+
+BACKENDS = {
+    "cpu": "ffnq.backends.cpu:CpuRunner",
+    "triton": "ffnq.backends.triton:TritonRunner",
+    "flydsl": "ffnq.backends.flydsl:FlydslRunner",
+}
+
+
+@dataclass
+class PeerBuffer:
+    """One rank's view of the job's peer buffers; ``close`` releases them (collective-free)."""
+
+    sym: int
+    peers: torch.Tensor  # int64 [tp], addresses as mapped in this process
+    nbytes: int
+    close: Callable[[], None] = lambda: None
+    keep: list = field(default_factory=list)  # objects that must outlive the addresses
+
+
+class Runner:
+    backend = "base"
+    DIST_BACKEND = "gloo"  # the process group the job opens for this runner
+    BLOCKS = 1  # CTAs of the persistent grid
+    THREADS = 1  # threads per CTA
+    EPOCH_WORDS = EPOCH_WORDS
+
+    def __init__(self, tp: int, rank: int, sym: int, peers: torch.Tensor, device: torch.device | str,
+                 widths=None, experts: Experts | str = Experts.ALL, timeline: bool = False,
+                 epoch: torch.Tensor | None = None, *, model: ModelSpec | str = "tiny",
+                 timeout: float = 1.0, **build: Any) -> None:
+        self.model = load_model(model) if isinstance(model, str) else model
+        experts = Experts(experts)
+        if not 0 <= rank < tp:
+            raise UsageError(f"rank {rank}: allowed 0..{tp - 1} at tp={tp}")
+        if not timeout > 0:
+            raise UsageError(f"timeout {timeout} s: must be > 0")
+        if len(peers) != tp:
+            raise UsageError(f"peers has {len(peers)} addresses, tp={tp} needs one per rank")
+        self.tp, self.rank, self.sym, self.peers = tp, rank, int(sym), peers
+        self.device = torch.device(device)
+        self.widths = tuple(range(1, self.model.max_tokens + 1)) if widths is None else tuple(widths)
+        bad = [s for s in self.widths if not 1 <= s <= self.model.max_tokens]
+        if bad or not self.widths:
+            raise UsageError(f"widths {bad or '[]'}: allowed 1..{self.model.max_tokens} for {self.model.name}")
+        self.experts, self.timeline, self.timeout = experts, bool(timeline), float(timeout)
+        self.keys = {s: FfnBuild(tokens=s, tp=tp, experts=experts, timeline=self.timeline, model=self.model,
+                                 timeout_ns=int(self.timeout * 1e9), blocks=self.BLOCKS, **build)
+                     for s in self.widths}
+        self.layouts = {s: scratch_layout(k, self.scratch_extra(k)) for s, k in self.keys.items()}
+        self.peer_regions = peer_layout(self.model, tp, self.BLOCKS)
+        self.scratch = {s: torch.zeros(layout_bytes(lay), dtype=torch.uint8, device=self.device)
+                        for s, lay in self.layouts.items()}
+        self.own = self.peer_view(self.sym)  # uint8 view of this rank's peer buffer
+        self.epoch = view(self.own, self.peer_regions["epoch"]) if epoch is None else epoch
+        # fault injection: [rank + 1, delay ns], 0 = off
+        self.inject = torch.zeros(2, dtype=torch.int32, device=self.device)
+        self.residency: dict[int, int] = {}
+
+    # ---- what a backend provides --------------------------------------------------------------
+    @classmethod
+    def default_device(cls, local_rank: int) -> torch.device:
+        return torch.device("cpu")
+
+    @classmethod
+    def peer_bytes(cls, model: ModelSpec, tp: int) -> int:
+        return layout_bytes(peer_layout(model, tp, cls.BLOCKS))
+
+    @classmethod
+    def open_peers(cls, model: ModelSpec, tp: int, rank: int, device: torch.device, tag: str) -> PeerBuffer:
+        """Collective over the default process group: allocate and exchange peer buffers."""
+        raise NotImplementedError
+
+    def peer_view(self, address: int) -> torch.Tensor:
+        """A uint8 tensor over a peer buffer at ``address`` (as mapped here)."""
+        raise NotImplementedError
+
+    def scratch_extra(self, key: FfnBuild) -> list:
+        return []
+
+    def warm(self, weights, compute_units: int | None = None) -> None:
+        raise NotImplementedError
+
+    def __call__(self, part: torch.Tensor, residual: torch.Tensor, weights, slots: torch.Tensor,
+                 final: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Collective: every width's scratch, this rank's flags and the epoch cleared."""
+        raise NotImplementedError
+
+    def describe(self, width: int) -> dict:
+        """Per-width facts for warm's table (compile seconds, registers, ...)."""
+        return {}
+
+    def clock_ns(self) -> int:
+        """Now on the clock that timeline stamps use (for cross-rank offsets)."""
+        import time
+        return time.monotonic_ns()
+
+    # ---- shared ------------------------------------------------------------------------------
+    def region(self, width: int, name: str) -> torch.Tensor:
+        """Raw bytes of a named region: the width's scratch, else this rank's peer buffer."""
+        r = self._region(width, name)
+        buf = self.scratch[width] if name in self.layouts[width] else self.own
+        return buf[r.offset: r.offset + r.nbytes]
+
+    def view(self, width: int, name: str) -> torch.Tensor:
+        """The same region, typed and shaped."""
+        r = self._region(width, name)
+        return view(self.scratch[width] if name in self.layouts[width] else self.own, r)
+
+    def _region(self, width: int, name: str) -> Region:
+        if width not in self.layouts:
+            raise UsageError(f"width {width}: this runner has widths {list(self.widths)}")
+        r = self.layouts[width].get(name) or self.peer_regions.get(name)
+        if r is None:
+            known = sorted(self.layouts[width]) + sorted(self.peer_regions)
+            raise UsageError(f"region {name!r}: known regions {', '.join(known)}")
+        return r
+
+    def fault(self, width: int) -> dict | None:
+        """The last launch's fault record at this width (None when every wait was met)."""
+        return decode_fault(self.view(width, "fault"), self.tp)
+
+    def check_inputs(self, part, residual, slots) -> int:
+        s = part.shape[0] if part.dim() == 2 else -1
+        H = self.model.hidden
+        if s not in self.scratch:
+            raise UsageError(f"width {s}: this runner has widths {list(self.widths)}")
+        for name, t in (("part", part), ("residual", residual)):
+            if tuple(t.shape) != (s, H) or t.dtype != torch.bfloat16 or not t.is_contiguous():
+                raise UsageError(f"{name}: {tuple(t.shape)} {t.dtype}; need contiguous ({s}, {H}) bfloat16")
+        if slots.dtype != torch.int64 or slots.numel() < s or not slots.is_contiguous():
+            raise UsageError(f"slots: {slots.dtype} with {slots.numel()} elements; need contiguous int64 >= {s}")
+        return s
+
+
+def load_runner(name: str) -> type[Runner]:
+    """A backend name (cpu, triton, flydsl) or a plug-in ``package.module:Class``."""
+    target = BACKENDS.get(name, name)
+    if ":" not in target:
+        raise UsageError(f"runner {name!r}: not a backend ({', '.join(BACKENDS)}) nor package.module:Class")
+    mod, _, cls = target.partition(":")
+    try:
+        obj = getattr(importlib.import_module(mod), cls)
+    except ImportError as e:
+        raise UsageError(f"runner {name!r}: cannot import {mod} ({e})") from None
+    except AttributeError:
+        raise UsageError(f"runner {name!r}: {mod} has no {cls}") from None
+    if not (isinstance(obj, type) and callable(getattr(obj, "warm", None))):
+        raise UsageError(f"runner {name!r}: {target} is not a runner class")
+    return obj

@@ -1,0 +1,173 @@
+"""One layer's FFN weights: synthetic FP8 (deterministic from a seed), a safetensors loader
+for a real MiniMax-M2 checkpoint layer, and the per-rank shard a runner reads.
+
+Conventions (those of the released checkpoints): expert weights are float8_e4m3fn with one
+fp32 scale per 128x128 block, the scale being the dequant multiplier (``weight_scale_inv``),
+so ``W = q.float() * scale`` blockwise. w1 is the gate projection, w3 the up projection
+([intermediate, hidden] each), w2 the down projection ([hidden, intermediate]). The router
+(``gate``) and its selection bias (``e_score_correction_bias``) are fp32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ffnq.errors import UsageError
+from ffnq.spec import Experts, ModelSpec
+
+FP8 = torch.float8_e4m3fn
+Q_STD = 16.0  # spread of the synthetic fp8 codes: uses the mantissa, far from e4m3's 448
+
+
+@dataclass
+class FullWeights:
+    """Every expert of one layer (what the reference reads)."""
+
+    post_norm: torch.Tensor  # [H] fp32
+    router: torch.Tensor  # [E, H] fp32
+    router_bias: torch.Tensor  # [E] fp32, selection only
+    w1: torch.Tensor  # [E, I, H] fp8
+    s1: torch.Tensor  # [E, I/128, H/128] fp32
+    w3: torch.Tensor  # [E, I, H] fp8
+    s3: torch.Tensor
+    w2: torch.Tensor  # [E, H, I] fp8
+    s2: torch.Tensor  # [E, H/128, I/128] fp32
+
+
+@dataclass
+class RankWeights:
+    """One rank's shard, with the attribute names the original runner reads."""
+
+    post_norm: torch.Tensor  # [H] fp32
+    router: torch.Tensor  # [E, H] fp32 (replicated)
+    router_bias: torch.Tensor  # [E] fp32
+    w13: torch.Tensor  # [E_r, 2*I_r, H] fp8: this rank's rows of w1, then of w3
+    s13: torch.Tensor  # [E_r, 2*I_r/128, H/128] fp32
+    w2: torch.Tensor  # [E_r, H, I_r] fp8
+    s2: torch.Tensor  # [E_r, H/128, I_r/128] fp32
+    first_expert: int = 0  # global id of local expert 0 (LOCAL); 0 otherwise
+    experts: Experts = Experts.ALL
+
+
+def dequant(q: torch.Tensor, scale: torch.Tensor, block: int, dtype=torch.float32) -> torch.Tensor:
+    """Blockwise ``q * scale`` over the last two dims (both multiples of ``block``)."""
+    *lead, R, C = q.shape
+    blocks = q.to(dtype).view(*lead, R // block, block, C // block, block)
+    return (blocks * scale.to(dtype)[..., :, None, :, None]).view(*lead, R, C)
+
+
+def _expert(g: torch.Generator, rows: int, cols: int, block: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    q = (torch.randn(rows, cols, generator=g, device=device) * Q_STD).clamp(-448, 448).to(FP8)
+    # dequantized entries ~ N(0, 1/cols) so every projection keeps activations near unit scale
+    s = torch.rand(rows // block, cols // block, generator=g, device=device) + 0.5
+    return q, s / (Q_STD * cols ** 0.5)
+
+
+def synthetic(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cpu") -> FullWeights:
+    """Deterministic for (spec, seed, device type). Each expert has its own generator, so any
+    expert can be regenerated alone."""
+    dev = torch.device(device)
+    H, E, I, B = spec.hidden, spec.experts, spec.intermediate, spec.block
+    g = torch.Generator(device=dev).manual_seed(seed)
+    post_norm = torch.rand(H, generator=g, device=dev) + 0.5
+    router = torch.randn(E, H, generator=g, device=dev) / H ** 0.5
+    # wide enough to reorder the top-k against the unbiased scores in most rows
+    router_bias = (torch.rand(E, generator=g, device=dev) - 0.5) * 0.5
+    parts = {k: [] for k in ("w1", "s1", "w3", "s3", "w2", "s2")}
+    for e in range(E):
+        ge = torch.Generator(device=dev).manual_seed(seed * 1_000_003 + 7919 * e + 1)
+        for w, s, (r, c) in (("w1", "s1", (I, H)), ("w3", "s3", (I, H)), ("w2", "s2", (H, I))):
+            q, sc = _expert(ge, r, c, B, dev)
+            parts[w].append(q)
+            parts[s].append(sc)
+    return FullWeights(post_norm, router, router_bias, **{k: torch.stack(v) for k, v in parts.items()})
+
+
+def shard(full: FullWeights, spec: ModelSpec, tp: int, rank: int, experts: Experts,
+          device: str | torch.device | None = None) -> RankWeights:
+    """This rank's part: ALL slices every expert's intermediate, LOCAL takes whole experts,
+    NONE keeps only what the seam and router read."""
+    spec.check(tp, experts)
+    if not 0 <= rank < tp:
+        raise UsageError(f"rank {rank}: allowed 0..{tp - 1}")
+    dev = device or full.router.device
+    B = spec.block
+    first = 0
+    if experts is Experts.ALL:
+        n = spec.intermediate // tp
+        rows, brows = slice(rank * n, (rank + 1) * n), slice(rank * n // B, (rank + 1) * n // B)
+        w13 = torch.cat([full.w1[:, rows], full.w3[:, rows]], 1)
+        s13 = torch.cat([full.s1[:, brows], full.s3[:, brows]], 1)
+        w2, s2 = full.w2[:, :, rows], full.s2[:, :, brows]
+    elif experts is Experts.LOCAL:
+        n = spec.experts // tp
+        first = rank * n
+        ex = slice(first, first + n)
+        w13 = torch.cat([full.w1[ex], full.w3[ex]], 1)
+        s13 = torch.cat([full.s1[ex], full.s3[ex]], 1)
+        w2, s2 = full.w2[ex], full.s2[ex]
+    else:
+        H = spec.hidden
+        w13 = torch.empty(0, 0, H, dtype=FP8)
+        s13 = torch.empty(0, 0, H // B)
+        w2, s2 = torch.empty(0, H, 0, dtype=FP8), torch.empty(0, H // B, 0)
+
+    def put(t):
+        return t.contiguous().to(dev)
+
+    return RankWeights(put(full.post_norm), put(full.router), put(full.router_bias), put(w13), put(s13),
+                       put(w2), put(s2), first, experts)
+
+
+# ---- real checkpoints -------------------------------------------------------------------------
+
+def layer_names(layer: int, expert: int | None = None) -> dict[str, str]:
+    """MiniMax-M2 safetensors tensor names of one decoder layer's FFN."""
+    p = f"model.layers.{layer}"
+    if expert is None:
+        return {
+            "post_norm": f"{p}.post_attention_layernorm.weight",
+            "router": f"{p}.block_sparse_moe.gate.weight",
+            "router_bias": f"{p}.block_sparse_moe.e_score_correction_bias",
+        }
+    e = f"{p}.block_sparse_moe.experts.{expert}"
+    return {k: f"{e}.{w}.weight" for k, w in (("w1", "w1"), ("w3", "w3"), ("w2", "w2"))} | {
+        f"s{k[1]}": f"{e}.{k}.weight_scale_inv" for k in ("w1", "w3", "w2")}
+
+
+def load_layer(path: str | Path, layer: int, spec: ModelSpec, device: str | torch.device = "cpu") -> FullWeights:
+    """One layer from a checkpoint folder (or one .safetensors file), read lazily shard by shard."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files or not files[0].is_file():
+        raise UsageError(f"checkpoint {path}: no .safetensors file there")
+    where: dict[str, Path] = {}
+    for f in files:
+        with safe_open(f, "pt") as st:
+            where.update({k: f for k in st.keys()})
+
+    def get(name: str) -> torch.Tensor:
+        if name not in where:
+            raise UsageError(f"checkpoint {path}: tensor {name} missing (layer {layer})")
+        with safe_open(where[name], "pt", device=str(device)) as st:
+            return st.get_tensor(name)
+
+    base = {k: get(n).float() for k, n in layer_names(layer).items()}
+    parts = {k: [] for k in ("w1", "s1", "w3", "s3", "w2", "s2")}
+    for e in range(spec.experts):
+        for k, n in layer_names(layer, e).items():
+            parts[k].append(get(n))
+    full = FullWeights(**base, **{k: torch.stack(v) for k, v in parts.items()})
+    want = {"router": (spec.experts, spec.hidden), "w1": (spec.experts, spec.intermediate, spec.hidden),
+            "w2": (spec.experts, spec.hidden, spec.intermediate)}
+    for k, shape in want.items():
+        if tuple(getattr(full, k).shape) != shape:
+            raise UsageError(f"checkpoint {path}: {k} has shape {tuple(getattr(full, k).shape)}, "
+                             f"{spec.name} needs {shape}")
+    if full.w1.dtype != FP8:
+        raise UsageError(f"checkpoint {path}: expert weights are {full.w1.dtype}, need {FP8}")
+    return full
