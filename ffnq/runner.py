@@ -60,6 +60,7 @@ class Runner:
             raise UsageError(f"peers has {len(peers)} addresses, tp={tp} needs one per rank")
         self.tp, self.rank, self.sym, self.peers = tp, rank, int(sym), peers
         self.device = torch.device(device)
+        self.accept_device(self.device)
         self.widths = tuple(range(1, self.model.max_tokens + 1)) if widths is None else tuple(widths)
         bad = [s for s in self.widths if not 1 <= s <= self.model.max_tokens]
         if bad or not self.widths:
@@ -95,6 +96,9 @@ class Runner:
     def peer_view(self, address: int) -> torch.Tensor:
         """A uint8 tensor over a peer buffer at ``address`` (as mapped here)."""
         raise NotImplementedError
+
+    def accept_device(self, device: torch.device) -> None:
+        """Raise UsageError for a device this backend cannot run on."""
 
     def scratch_extra(self, key: FfnBuild) -> list:
         return []

@@ -1,0 +1,556 @@
+"""The fused, persistent decode-FFN kernel of one TP rank (Triton 3.6; sm_90, gfx942, gfx950).
+
+One launch of BLOCKS co-resident CTAs (cooperative launch) per step does, for one width S:
+
+  A  seam     CTA c pushes its column chunk of ``part`` into every peer's seam slot
+              [e&1][rank], publishes flags[SEAM][c][rank] = e on every peer, waits for every
+              peer's flag of chunk c (bounded), sums the chunk in rank order + residual (fp32),
+              writes res_out, h (fp32 scratch) and the chunk's per-row sum of squares.
+     -- grid barrier 1 --
+  B  norm     every CTA: rstd per row from the per-chunk sums (fixed order: bitwise the same on
+              every rank and CTA); x = h*rstd*post_norm for its chunk (bf16 scratch);
+     router   fp32 logits of its EPC experts for all rows (exact fp32 FMA, no tf32).
+     -- grid barrier 2 --
+  C  top-k    every CTA, redundantly: sigmoid, biased top-k (lowest index wins a tie),
+              renormalised weights, the active-expert list; CTA 0 writes route/route_w/elist.
+     experts  stage 1 work items (active expert j, BN-row tile of I_r): gate/up tiles of w13
+              dequantized fp8->bf16 in registers, bf16 x, fp32 accumulate, block scale applied
+              per 128x128 block; act[j] = silu(g)*u*routing weight (bf16 scratch).
+     -- grid barrier 3 --
+  D  stage 2  CTA c computes the MoE partial of its column chunk (the reduce chunk): sum over
+              active experts of act[j] @ w2[j][chunk]^T (fp8->bf16, scale per block column).
+     reduce   push the chunk to every peer's moe slot, publish REDUCE flags, wait, sum in rank
+              order -> out.
+  E  handshake (final != 0): publish HANDSHAKE flags to every peer, wait for every peer's.
+     end      last CTA out stores the epoch e (so a CUDA-graph replay uses e+1 next time).
+
+Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] grid-barrier
+arrival count, [2] grid-barrier generation, [3] exit count. Flags hold e (or -e once this rank
+faulted in this launch); a wait matches == e exactly. Every cross-GPU wait is bounded by
+timeout_ns from the start of that phase's wait; on expiry the first faulting CTA writes the
+scratch fault record and fault_box[rank] on every peer, and every later wait of the rank is
+skipped (the rank-wide marker is fault[epoch] == e). Grid barriers are always passed.
+
+STAGE = 0 runs everything in one launch. STAGE = 1..4 runs one part per launch with no grid
+barrier (the launch boundary is the barrier): the interpreter (TRITON_INTERPRET=1) runs CTAs
+one after another, so only that split can run there (TP1: a rank's own flags are set before
+it waits on them).
+"""
+import triton
+import triton.language as tl
+
+# scratch fault record fields (spec.FAULT_FIELDS)
+F_VALID = tl.constexpr(0)
+F_EPOCH = tl.constexpr(1)
+F_PHASE = tl.constexpr(2)
+F_RANK = tl.constexpr(3)
+F_MASK = tl.constexpr(4)
+F_WAITED = tl.constexpr(5)
+F_CTA = tl.constexpr(6)
+F_AT = tl.constexpr(7)
+PH_SEAM = tl.constexpr(0)
+PH_REDUCE = tl.constexpr(1)
+PH_HANDSHAKE = tl.constexpr(2)
+
+
+# ---------------------------------------------------------------------------------------------
+# device helpers
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _memrealtime():
+    # s_memrealtime is an SMEM op: wait on lgkmcnt (tl.extra.hip.memrealtime waits on vmcnt)
+    return tl.inline_asm_elementwise("s_memrealtime $0\n s_waitcnt lgkmcnt(0)", "=s", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit
+def now_ns(IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+    if INTERP:
+        t = tl.full((), 0, tl.int64)
+    elif IS_HIP:
+        t = _memrealtime() * 10  # gfx9: 100 MHz constant clock
+    else:
+        t = _globaltimer()
+    return t
+
+
+@triton.jit
+def _backoff(IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+    if not INTERP:
+        if IS_HIP:
+            tl.inline_asm_elementwise("s_sleep 1\n v_mov_b32 $0, 0", "=v", [], dtype=tl.int32, is_pure=False,
+                                      pack=1)
+        else:
+            tl.inline_asm_elementwise("nanosleep.u32 32;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+
+
+@triton.jit
+def _poll(ptr, SEM: tl.constexpr):
+    # a scalar RMW: one thread, broadcast to the CTA, re-read every iteration (tl.load spins get
+    # deleted or hoisted, see notes/triton-kernel.md)
+    return tl.atomic_add(ptr, 0, sem=SEM, scope="sys")
+
+
+@triton.jit
+def _stamp(tl_row, col, IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr):
+    if TIMELINE:
+        tl.store(tl_row + col, now_ns(IS_HIP, INTERP))
+
+
+@triton.jit
+def _as(base, off, TY: tl.constexpr):
+    """A typed pointer at byte offset ``off`` of an int8 pointer."""
+    return (base + off).to(tl.pointer_type(TY), bitcast=True)
+
+
+@triton.jit
+def _peer_base(peers, r):
+    return tl.load(peers + r).to(tl.pointer_type(tl.int8))
+
+
+@triton.jit
+def _rank_faulted(fault, e):
+    return tl.atomic_add(fault + F_EPOCH, 0, sem="relaxed", scope="gpu") == e.to(tl.int64)
+
+
+@triton.jit
+def _record_fault(fault, peers, e, phase, rank, mask, waited, pid, at, P_FBOX: tl.constexpr, TP: tl.constexpr,
+                  WRITE_BOX: tl.constexpr):
+    """First fault of this launch on this rank: the scratch record, then (timeouts) this rank's
+    note in every peer's fault_box, all before any -e flag is published (release orders them)."""
+    e64 = e.to(tl.int64)
+    old = tl.atomic_xchg(fault + F_EPOCH, e64, sem="acq_rel", scope="gpu")
+    if old != e64:
+        z = tl.zeros((), tl.int64)
+        tl.store(fault + F_PHASE, z + phase)
+        tl.store(fault + F_RANK, z + rank)
+        tl.store(fault + F_MASK, z + mask)
+        tl.store(fault + F_WAITED, z + waited)
+        tl.store(fault + F_CTA, z + pid)
+        tl.store(fault + F_AT, z + at)
+        if WRITE_BOX:
+            for dst in tl.static_range(TP):
+                box = _as(_peer_base(peers, dst), P_FBOX + rank.to(tl.int64) * 32, tl.int64)
+                tl.store(box + 0, e64)
+                tl.store(box + 1, z + mask)
+                tl.store(box + 2, z + phase)
+                tl.store(box + 3, z + waited)
+        tl.debug_barrier()
+        tl.atomic_xchg(fault + F_VALID, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def _publish(peers, pid, rank, val, PHASE: tl.constexpr, P_FLAGS: tl.constexpr, TP: tl.constexpr,
+             BLOCKS: tl.constexpr):
+    tl.debug_barrier()  # every thread's pushes happen-before the (one-thread) release
+    for dst in tl.static_range(TP):
+        f = _as(_peer_base(peers, dst), P_FLAGS + ((PHASE * BLOCKS + pid) * TP + rank) * 4, tl.int32)
+        tl.atomic_xchg(f, val, sem="release", scope="sys")
+
+
+@triton.jit
+def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.constexpr, P_FLAGS: tl.constexpr,
+                P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr,
+                IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr):
+    """Wait for flags[PHASE][pid][src] == e for every src on this rank's buffer, bounded.
+    Skipped (one look only) once the rank has faulted in this launch."""
+    mine = _peer_base(peers, rank)
+    t0 = now_ns(IS_HIP, INTERP)
+    deadline = t0 + timeout_ns
+    if _rank_faulted(fault, e):
+        deadline = t0 - 1
+    missing = tl.zeros((), tl.int32)
+    neg = tl.zeros((), tl.int32) - 1
+    for src in tl.static_range(TP):
+        f = _as(mine, P_FLAGS + ((PHASE * BLOCKS + pid) * TP + src) * 4, tl.int32)
+        v = _poll(f, "acquire")
+        done = (v == e) | (v == -e)
+        t = t0
+        while not done:
+            _backoff(IS_HIP, INTERP)
+            v = _poll(f, "relaxed")
+            t = now_ns(IS_HIP, INTERP)
+            done = (v == e) | (v == -e) | (t > deadline)
+            if not done:
+                done = _rank_faulted(fault, e)
+        v = _poll(f, "acquire")
+        _stamp(tl_row, SEEN0 + src, IS_HIP, INTERP, TIMELINE)
+        if v != e:
+            if v == -e:
+                if neg < 0:
+                    neg = src
+            else:
+                missing = missing | (1 << src)
+        deadline = tl.where(_rank_faulted(fault, e), t0 - 1, deadline)
+    tl.debug_barrier()
+    waited = now_ns(IS_HIP, INTERP) - t0
+    if missing != 0:
+        _record_fault(fault, peers, e, PHASE, rank, missing, waited, pid, now_ns(IS_HIP, INTERP), P_FBOX, TP,
+                      True)
+    elif neg >= 0:
+        # src gave up on somebody: its note in our fault_box says whom
+        box = _as(mine, P_FBOX + neg.to(tl.int64) * 32, tl.int64)
+        be = tl.atomic_add(box, 0, sem="acquire", scope="sys")
+        bm = tl.load(box + 1)
+        mask = tl.where(be == e.to(tl.int64), bm, (1 << neg).to(tl.int64))
+        _record_fault(fault, peers, e, PHASE, rank, mask, waited, pid, now_ns(IS_HIP, INTERP), P_FBOX, TP,
+                      False)
+
+
+@triton.jit
+def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, BLOCKS: tl.constexpr,
+                  IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr):
+    """Sense-free generation barrier over the co-resident grid: words[1] counts arrivals,
+    words[2] is the generation. Always passed, even after a fault (bounded as a last resort)."""
+    if STAGE == 0:
+        tl.debug_barrier()
+        g0 = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
+        old = tl.atomic_add(words + 1, 1, sem="acq_rel", scope="gpu")
+        if old == BLOCKS - 1:
+            tl.atomic_xchg(words + 1, 0, sem="relaxed", scope="gpu")
+            tl.atomic_add(words + 2, 1, sem="release", scope="gpu")
+        else:
+            t0 = now_ns(IS_HIP, INTERP)
+            deadline = t0 + 4 * timeout_ns
+            g = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
+            t = t0
+            while (g == g0) & (t <= deadline):
+                _backoff(IS_HIP, INTERP)
+                g = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
+                t = now_ns(IS_HIP, INTERP)
+            if g == g0:
+                _record_fault(fault, words, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
+        tl.debug_barrier()
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernel
+# ---------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["rank", "first_expert", "final"])
+def ffn_kernel(
+    part, residual, slots, out, res_out,  # [S,H] bf16, [S,H] bf16, [>=S] i64, [S,H] bf16, [S,H] bf16
+    post_norm, router, router_bias,  # [H] f32, [E,H] f32, [E] f32
+    w13, s13, w2, s2,  # [NLOC,2*I_R,H] fp8, [NLOC,2*I_R/128,H/128] f32, [NLOC,H,I_R] fp8, [NLOC,H/128,I_R/128]
+    scratch, peers, epoch, inject,  # *i8 this width's scratch, *i64 [TP] peer buffers, *i32 words, *i32 [2]
+    params, rank, first_expert, final,  # *i64 [timeout_ns], i32, i32, i32
+    S: tl.constexpr, H: tl.constexpr, E: tl.constexpr, EP2: tl.constexpr, K: tl.constexpr,
+    KP2: tl.constexpr, I_R: tl.constexpr, MODE: tl.constexpr, NLOC: tl.constexpr, TP: tl.constexpr,
+    MT: tl.constexpr, BLOCKS: tl.constexpr, NCH: tl.constexpr, NCHP2: tl.constexpr, CH: tl.constexpr,
+    CHP2: tl.constexpr, EPC: tl.constexpr, EPCP2: tl.constexpr, BKH: tl.constexpr, BN: tl.constexpr,
+    EPS: tl.constexpr,
+    P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, P_SEAM: tl.constexpr, P_MOE: tl.constexpr,
+    SC_FAULT: tl.constexpr, SC_TL: tl.constexpr, SC_ROUTE: tl.constexpr, SC_ROUTEW: tl.constexpr,
+    SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
+    SC_ELIST: tl.constexpr, SC_META: tl.constexpr, SC_ACT: tl.constexpr, NCOL: tl.constexpr,
+    TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
+):
+    SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
+    BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
+    # timeline columns (spec.stamp_names)
+    C_START: tl.constexpr = 0
+    C_SEAM_ARRIVE: tl.constexpr = 1
+    C_SEAM_SEEN: tl.constexpr = 2
+    C_SEAM_DONE: tl.constexpr = 2 + TP
+    C_ROUTER_DONE: tl.constexpr = 3 + TP
+    C_EXPERTS_DONE: tl.constexpr = 4 + TP
+    C_RED_ARRIVE: tl.constexpr = 5 + TP
+    C_RED_SEEN: tl.constexpr = 6 + TP
+    C_RED_DONE: tl.constexpr = 6 + 2 * TP
+    C_HS_ARRIVE: tl.constexpr = 7 + 2 * TP
+    C_HS_SEEN: tl.constexpr = 8 + 2 * TP
+    C_HS_DONE: tl.constexpr = 8 + 3 * TP
+    C_END: tl.constexpr = 9 + 3 * TP
+
+    pid = tl.program_id(0)
+    timeout_ns = tl.load(params)
+    fault = _as(scratch, SC_FAULT, tl.int64)
+    tl_row = _as(scratch, SC_TL, tl.int64) + pid * NCOL
+    words = epoch
+    e = tl.atomic_add(words, 0, sem="relaxed", scope="gpu") + 1
+    e = tl.where(e <= 0, 1, e)  # 1..2^31-1: 0 is the cleared value, -e marks a fault
+    par = (e & 1).to(tl.int64)
+    rows = tl.arange(0, SP)
+    rmask = rows < S
+    ccols = pid * CH + tl.arange(0, CHP2)  # this CTA's column chunk (seam, stage 2, reduce)
+    cmask = (tl.arange(0, CHP2) < CH) & (ccols < H) & (pid < NCH)
+    m2 = rmask[:, None] & cmask[None, :]
+    mine = _peer_base(peers, rank)
+
+    # ------------------------------------------------------------------------------ A: seam
+    if (STAGE == 0) | (STAGE == 1):
+        _stamp(tl_row, C_START, IS_HIP, INTERP, TIMELINE)
+        if pid == 0:
+            if tl.atomic_add(fault + F_EPOCH, 0, sem="relaxed", scope="gpu") != e.to(tl.int64):
+                tl.store(fault + F_VALID, 0)
+        if not INTERP:
+            who = tl.load(inject)
+            if who == rank + 1:
+                delay = tl.load(inject + 1).to(tl.int64)
+                t0 = now_ns(IS_HIP, INTERP)
+                t = t0
+                while t - t0 < delay:
+                    _backoff(IS_HIP, INTERP)
+                    t = now_ns(IS_HIP, INTERP)
+        offs = rows[:, None] * H + ccols[None, :]
+        p = tl.load(part + offs, mask=m2, other=0.0)
+        for dst in tl.static_range(TP):
+            seam = _as(_peer_base(peers, dst), P_SEAM + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
+            tl.store(seam + offs, p, mask=m2)
+        val = tl.where(_rank_faulted(fault, e), -e, e)
+        _publish(peers, pid, rank, val, PH_SEAM, P_FLAGS, TP, BLOCKS)
+        _stamp(tl_row, C_SEAM_ARRIVE, IS_HIP, INTERP, TIMELINE)
+        _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
+                    C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE)
+        h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)
+        for src in tl.static_range(TP):  # rank order: every rank sums the same values the same way
+            seam = _as(mine, P_SEAM + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
+            h += tl.load(seam + offs, mask=m2, other=0.0).to(tl.float32)
+        tl.store(res_out + offs, h.to(tl.bfloat16), mask=m2)
+        tl.store(_as(scratch, SC_H, tl.float32) + offs, h, mask=m2)
+        if pid < NCH:
+            tl.store(_as(scratch, SC_SSQ, tl.float32) + pid * SP + rows, tl.sum(h * h, axis=1))
+        _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE)
+
+    # ------------------------------------------------------------------------------ B: norm + router logits
+    if (STAGE == 0) | (STAGE == 2):
+        chs = tl.arange(0, NCHP2)
+        ssq = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows[None, :],
+                      mask=(chs < NCH)[:, None], other=0.0)
+        ms = tl.sum(ssq, axis=0) / H
+        rstd = 1.0 / tl.sqrt_rn(ms + EPS)  # [SP]
+        hbase = _as(scratch, SC_H, tl.float32)
+        if pid < NCH:
+            offs = rows[:, None] * H + ccols[None, :]
+            hc = tl.load(hbase + offs, mask=m2, other=0.0)
+            pn = tl.load(post_norm + ccols, mask=cmask, other=0.0)
+            xc = hc * rstd[:, None] * pn[None, :]
+            tl.store(_as(scratch, SC_X, tl.bfloat16) + offs, xc.to(tl.bfloat16), mask=m2)
+        if pid * EPC < E:
+            ecol = pid * EPC + tl.arange(0, EPCP2)
+            emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
+            acc = tl.zeros((SP, EPCP2), tl.float32)
+            for k0 in range(0, H, BKH):
+                kk = k0 + tl.arange(0, BKH)
+                kmask = kk < H
+                hk = tl.load(hbase + rows[:, None] * H + kk[None, :], mask=rmask[:, None] & kmask[None, :],
+                             other=0.0)
+                pn = tl.load(post_norm + kk, mask=kmask, other=0.0)
+                xk = hk * rstd[:, None] * pn[None, :]
+                rk = tl.load(router + ecol[:, None].to(tl.int64) * H + kk[None, :],
+                             mask=emask[:, None] & kmask[None, :], other=0.0)
+                acc += tl.sum(xk[:, None, :] * rk[None, :, :], axis=2)
+            tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows[:, None] * E + ecol[None, :], acc,
+                     mask=rmask[:, None] & emask[None, :])
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE)
+
+    # ------------------------------------------------------------------------------ C: top-k + experts stage 1
+    if (STAGE == 0) | (STAGE == 3):
+        ecols = tl.arange(0, EP2)
+        evalid = ecols < E
+        lg = tl.load(_as(scratch, SC_LOGIT, tl.float32) + rows[:, None] * E + ecols[None, :],
+                     mask=rmask[:, None] & evalid[None, :], other=0.0)
+        scores = 1.0 / (1.0 + tl.exp(-lg))
+        bias = tl.load(router_bias + ecols, mask=evalid, other=0.0)
+        b = tl.where(evalid[None, :], scores + bias[None, :], float("-inf"))
+        sel = tl.zeros((SP, EP2), tl.int32)
+        for kk in tl.static_range(K):
+            m = tl.max(b, axis=1)
+            idx = tl.min(tl.where(b == m[:, None], ecols[None, :], EP2), axis=1)
+            hit = ecols[None, :] == idx[:, None]
+            sel = tl.where(hit, 1, sel)
+            b = tl.where(hit, float("-inf"), b)
+        slot = tl.load(slots + rows, mask=rmask, other=-1)
+        live = rmask & (slot >= 0)
+        sel = tl.where(live[:, None], sel, 0)
+        wsel = tl.where(sel > 0, scores, 0.0)
+        wsum = tl.sum(wsel, axis=1)
+        wsel = wsel / tl.where(wsum > 0, wsum, 1.0)[:, None]
+        active = tl.max(sel, axis=0)  # [EP2]
+        if MODE == 1:
+            active = tl.where((ecols >= first_expert) & (ecols < first_expert + NLOC), active, 0)
+        slot_of = tl.cumsum(active, axis=0) - 1
+        n_active = tl.sum(active, axis=0)
+        if pid == 0:
+            pos = tl.cumsum(sel, axis=1) - 1
+            rte = _as(scratch, SC_ROUTE, tl.int32)
+            rtw = _as(scratch, SC_ROUTEW, tl.float32)
+            ro = rows[:, None] * K + pos
+            tl.store(rte + ro, ecols[None, :] + tl.zeros((SP, EP2), tl.int32), mask=sel > 0)
+            tl.store(rtw + ro, wsel, mask=sel > 0)
+            kc = tl.arange(0, KP2)
+            pm = (rmask & (slot < 0))[:, None] & (kc < K)[None, :]
+            tl.store(rte + rows[:, None] * K + kc[None, :], tl.full((SP, KP2), -1, tl.int32), mask=pm)
+            tl.store(rtw + rows[:, None] * K + kc[None, :], tl.zeros((SP, KP2), tl.float32), mask=pm)
+            tl.store(_as(scratch, SC_ELIST, tl.int32) + slot_of, ecols, mask=active > 0)
+            tl.store(_as(scratch, SC_META, tl.int32), n_active)
+        _stamp(tl_row, C_ROUTER_DONE, IS_HIP, INTERP, TIMELINE)
+        if MODE != 2:
+            NT: tl.constexpr = I_R // BN
+            n_items = n_active * NT
+            xb = _as(scratch, SC_X, tl.bfloat16)
+            act = _as(scratch, SC_ACT, tl.bfloat16)
+            nn = tl.arange(0, BN)
+            kc2 = tl.arange(0, BK)
+            for w in range(pid, n_items, BLOCKS):
+                j = w // NT
+                t = w % NT
+                ej = tl.sum(tl.where((active > 0) & (slot_of == j), ecols, 0), axis=0)
+                wt = tl.sum(tl.where(ecols[None, :] == ej, wsel, 0.0), axis=1)  # [SP]
+                le = ej.to(tl.int64)
+                if MODE == 1:
+                    le = (ej - first_expert).to(tl.int64)
+                wbase = w13 + le * (2 * I_R * H)
+                sbase = s13 + le * ((2 * I_R // 128) * (H // 128))
+                r1 = t * BN + nn  # rows of w1 (gate); w3 (up) rows are I_R further
+                acc_g = tl.zeros((SP, BN), tl.float32)
+                acc_u = tl.zeros((SP, BN), tl.float32)
+                for k0 in range(0, H, BK):
+                    xk = tl.load(xb + rows[:, None] * H + k0 + kc2[None, :], mask=rmask[:, None], other=0.0)
+                    wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :]).to(tl.bfloat16)
+                    wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :]).to(tl.bfloat16)
+                    sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128)
+                    su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128)
+                    acc_g += tl.dot(xk, tl.trans(wg)) * sg
+                    acc_u += tl.dot(xk, tl.trans(wu)) * su
+                a = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u * wt[:, None]
+                tl.store(act + (j * SP + rows[:, None]).to(tl.int64) * I_R + r1[None, :], a.to(tl.bfloat16))
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_REDUCE, BLOCKS, IS_HIP, INTERP, STAGE)
+
+    # ------------------------------------------------------------------------------ D: stage 2 + reduce
+    if (STAGE == 0) | (STAGE == 4):
+        y = tl.zeros((SP, CHP2), tl.float32)
+        if MODE != 2:
+            if pid < NCH:
+                n_act = tl.load(_as(scratch, SC_META, tl.int32))
+                act = _as(scratch, SC_ACT, tl.bfloat16)
+                elist = _as(scratch, SC_ELIST, tl.int32)
+                ki = tl.arange(0, 128)
+                for j in range(0, n_act):
+                    ej = tl.load(elist + j)
+                    le = ej.to(tl.int64)
+                    if MODE == 1:
+                        le = (ej - first_expert).to(tl.int64)
+                    wbase = w2 + le * (H * I_R)
+                    sbase = s2 + le * ((H // 128) * (I_R // 128))
+                    for k0 in range(0, I_R, 128):
+                        a = tl.load(act + (j * SP + rows[:, None]).to(tl.int64) * I_R + k0 + ki[None, :])
+                        wq = tl.load(wbase + ccols[:, None] * I_R + k0 + ki[None, :], mask=cmask[:, None],
+                                     other=0.0).to(tl.bfloat16)
+                        sc = tl.load(sbase + (ccols // 128) * (I_R // 128) + k0 // 128, mask=cmask, other=0.0)
+                        y += tl.dot(a, tl.trans(wq)) * sc[None, :]
+        _stamp(tl_row, C_EXPERTS_DONE, IS_HIP, INTERP, TIMELINE)
+        offs = rows[:, None] * H + ccols[None, :]
+        yb = y.to(tl.bfloat16)
+        for dst in tl.static_range(TP):
+            moe = _as(_peer_base(peers, dst), P_MOE + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
+            tl.store(moe + offs, yb, mask=m2)
+        val = tl.where(_rank_faulted(fault, e), -e, e)
+        _publish(peers, pid, rank, val, PH_REDUCE, P_FLAGS, TP, BLOCKS)
+        _stamp(tl_row, C_RED_ARRIVE, IS_HIP, INTERP, TIMELINE)
+        _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_REDUCE, P_FLAGS, P_FBOX, TP, BLOCKS,
+                    C_RED_SEEN, IS_HIP, INTERP, TIMELINE)
+        o = tl.zeros((SP, CHP2), tl.float32)
+        for src in tl.static_range(TP):
+            moe = _as(mine, P_MOE + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
+            o += tl.load(moe + offs, mask=m2, other=0.0).to(tl.float32)
+        tl.store(out + offs, o.to(tl.bfloat16), mask=m2)
+        _stamp(tl_row, C_RED_DONE, IS_HIP, INTERP, TIMELINE)
+
+        # -------------------------------------------------------------------------- E: handshake, end
+        if final != 0:
+            val = tl.where(_rank_faulted(fault, e), -e, e)
+            _publish(peers, pid, rank, val, PH_HANDSHAKE, P_FLAGS, TP, BLOCKS)
+            _stamp(tl_row, C_HS_ARRIVE, IS_HIP, INTERP, TIMELINE)
+            _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_HANDSHAKE, P_FLAGS, P_FBOX, TP,
+                        BLOCKS, C_HS_SEEN, IS_HIP, INTERP, TIMELINE)
+            _stamp(tl_row, C_HS_DONE, IS_HIP, INTERP, TIMELINE)
+        _stamp(tl_row, C_END, IS_HIP, INTERP, TIMELINE)
+        # last CTA out moves the epoch on (also after a fault)
+        tl.debug_barrier()
+        n_out = tl.atomic_add(words + 3, 1, sem="acq_rel", scope="gpu")
+        if n_out == BLOCKS - 1:
+            tl.atomic_xchg(words + 3, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(words, e, sem="release", scope="sys")
+
+
+@triton.jit
+def clock_kernel(out, IS_HIP: tl.constexpr):
+    tl.store(out, now_ns(IS_HIP, False))
+
+
+# ---------------------------------------------------------------------------------------------
+# host-side specialisation (plain Python: shared by the runner and the offline compiler)
+# ---------------------------------------------------------------------------------------------
+MODES = {"all": 0, "local": 1, "none": 2}
+ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
+             "w2", "s2", "scratch", "peers", "epoch", "inject", "params", "rank", "first_expert", "final")
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def geometry(key) -> dict:
+    """Tile sizes and chunking of one build (an spec.FfnBuild)."""
+    m, blocks = key.model, key.blocks
+    H, E = m.hidden, m.experts
+    mode = key.experts.value
+    i_r = m.intermediate_per_rank(key.tp, key.experts) if mode != "none" else 0
+    nloc = m.experts_per_rank(key.tp, key.experts)
+    nch = max(1, min(blocks, H // 16))
+    ch = -(-H // nch)
+    epc = -(-E // blocks)
+    epcp2 = _p2(epc)
+    nslot = min(key.tokens * m.top_k, nloc) if mode != "none" else 0
+    # stage-1 tile rows: more, smaller items when few experts are active (spread them over the grid)
+    bn = 32 if key.tokens <= 4 else 64
+    while bn > 16 and i_r and (i_r % bn or 128 % bn):
+        bn //= 2
+    return dict(H=H, E=E, EP2=_p2(E), K=m.top_k, KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc,
+                TP=key.tp, MT=m.max_tokens, BLOCKS=blocks, NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)),
+                EPC=epc, EPCP2=epcp2, BKH=max(16, min(_p2(H), 8192 // (16 * epcp2))), BN=bn, EPS=float(m.eps),
+                NSLOT=nslot)
+
+
+def scratch_extra(key) -> list:
+    """The kernel's own scratch regions (beside spec's fault/timeline/route/route_w)."""
+    import torch
+    g = geometry(key)
+    S, H = key.tokens, g["H"]
+    out = [("h", torch.float32, (S, H)), ("x", torch.bfloat16, (S, H)), ("ssq", torch.float32, (g["NCH"], 16)),
+           ("logits", torch.float32, (16, g["E"])), ("elist", torch.int32, (max(1, g["NSLOT"]),)),
+           ("meta", torch.int32, (4,))]
+    if g["NSLOT"]:
+        out.append(("act", torch.bfloat16, (g["NSLOT"], 16, g["I_R"])))
+    return out
+
+
+def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False, stage: int = 0) -> dict:
+    """Every constexpr of ffn_kernel for one build. ``layout``/``peer``: spec scratch/peer layouts."""
+    from ffnq.spec import stamp_names
+    g = geometry(key)
+    g.pop("NSLOT")
+    sc = {"SC_FAULT": "fault", "SC_TL": "timeline", "SC_ROUTE": "route", "SC_ROUTEW": "route_w", "SC_H": "h",
+          "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_ELIST": "elist", "SC_META": "meta",
+          "SC_ACT": "act"}
+    g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
+    g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
+             P_MOE=peer["moe"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
+             IS_HIP=bool(is_hip), INTERP=bool(interp), STAGE=int(stage))
+    return g
+
+
+def signature(fp8: str = "fp8e4nv") -> dict:
+    ptr = {"part": "*bf16", "residual": "*bf16", "slots": "*i64", "out": "*bf16", "res_out": "*bf16",
+           "post_norm": "*fp32", "router": "*fp32", "router_bias": "*fp32", "w13": f"*{fp8}", "s13": "*fp32",
+           "w2": f"*{fp8}", "s2": "*fp32", "scratch": "*u8", "peers": "*i64", "epoch": "*i32", "inject": "*i32",
+           "params": "*i64", "rank": "i32", "first_expert": "i32", "final": "i32"}
+    return ptr

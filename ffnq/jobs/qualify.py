@@ -1,0 +1,311 @@
+"""qualify, one rank: the case matrix against the fp64 reference, each rank checking itself.
+
+Cases, in order (every check has fresh random inputs from (seed, case, step); the rank's own
+peer rows and route scratch are poisoned with NaN / -7 first, so a row nobody wrote fails):
+
+* ``correct`` / ``correct+padding`` at every width (a third of the rows get slot -1);
+* ``two-runners``: a production and a timeline runner on one peer buffer alternate; every step
+  must be correct and move the one shared epoch on by exactly 1;
+* ``reset-mid-run``: a layer, a collective reset (epoch back to 0, no fault), then a step;
+* per injected rank R: ``inject-under`` (delay 0.3 x timeout: correct, and every other rank's
+  timeline shows it waited for R), ``inject-over`` (delay 2.5 x timeout: every rank reports a
+  fault naming R, the others return before R arrives), ``recovery`` (reset, then correct);
+* ``stale-epoch``: the last rank arrives late while the others hold the previous epoch and the
+  one before it in their flags for it: the wait must not be satisfied (a fault, never a result),
+  then ``recovery``.
+
+One row per case per rank (table ``cases``); ``summarize`` merges them into one row per case.
+"""
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import torch
+
+from ffnq import reference
+from ffnq.dist import barrier
+from ffnq.jobs.rank import setup
+from ffnq.jobs.records import Records, clock_offsets, main
+from ffnq.launch import over_delay_ns, under_delay_ns
+from ffnq.spec import stamp_names
+
+POISON_ROUTE = -7
+WAIT_SEEN_FRACTION = 0.5  # an under-timeout delay must show as at least this much wait (of the delay)
+
+
+class Qualify:
+    def __init__(self, opts: dict, rec: Records):
+        self.opts, self.rec = opts, rec
+        self.job = setup(opts["backend"], opts["model"], opts["experts"], opts["timeout_s"], opts["seed"])
+        self.rank, self.tp = self.job.rank, self.job.tp
+        self.widths = list(opts["widths"])
+        self.wt = max(self.widths)  # width of the timeline runner and the fault cases
+        self.main = self.job.runner(self.widths)
+        self.tl = self.job.runner([self.wt], timeline=True)  # same peer buffer: shares the epoch
+        for r in (self.main, self.tl):
+            r.warm(self.job.weights)
+        self.offsets = clock_offsets(self.main.clock_ns)
+        rec.row("clock", {"rank": self.rank, "offset_ns": self.offsets[self.rank], "rounds": 9,
+                          "method": "median of (clock_ns on rank - on rank 0) after a barrier"})
+        self.case_id = 0
+
+    # ---- one checked step ----------------------------------------------------------------------
+    def step(self, r, s: int, padding: int = 0, final: bool = True, check: bool = True) -> dict:
+        self.case_id += 1
+        parts, residual, slots = self.job.inputs(s, self.case_id, 0, padding)
+        barrier()  # no step in flight: safe to poison this rank's rows
+        if check:
+            for name in ("seam", "moe"):
+                r.view(s, name).fill_(float("nan"))
+            r.view(s, "route").fill_(POISON_ROUTE)
+            r.view(s, "route_w").fill_(float("nan"))
+        barrier()
+        t0 = time.perf_counter()
+        out, res_out = r(parts[self.rank], residual, self.job.weights, slots, final=final)
+        _sync(r.device)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        ev = {"wall_ms": wall_ms, "fault": r.fault(s)}
+        if check:
+            ref = reference.step(parts, residual, slots, self.job.full, self.job.model, self.job.experts)
+            ev |= evidence(r, s, out, res_out, ref, slots)
+        return ev
+
+    def run(self) -> None:
+        plan = self.plan()
+        for i, (name, s, fn) in enumerate(plan):
+            self.rec.progress(i, len(plan), f"{name} w={s}")
+            row = {"case": name, "width": s, "rank": self.rank} | fn()
+            row["fault"] = compact_fault(row.get("fault"))
+            self.rec.row("cases", row)
+        self.rec.progress(len(plan), len(plan), "done")
+
+    def plan(self) -> list:
+        p = []
+        for s in self.widths:
+            p.append(("correct", s, lambda s=s: self.verdict(self.step(self.main, s, 0, final=False))))
+            p.append(("correct+padding", s,
+                      lambda s=s: self.verdict(self.step(self.main, s, max(1, s // 3), final=True))))
+        p.append(("two-runners", self.wt, self.two_runners))
+        p.append(("reset-mid-run", self.wt, self.reset_mid_run))
+        if self.tp > 1:
+            for R in self.opts["inject_ranks"]:
+                p.append((f"inject-under r{R}", self.wt, lambda R=R: self.inject_under(R)))
+                p.append((f"inject-over r{R}", self.wt, lambda R=R: self.inject_over(R)))
+                p.append((f"recovery r{R}", self.wt, self.recovery))
+            p.append((f"stale-epoch r{self.tp - 1}", self.wt, self.stale_epoch))
+            p.append((f"recovery r{self.tp - 1}", self.wt, self.recovery))
+        return p
+
+    # ---- cases ---------------------------------------------------------------------------------
+    def verdict(self, ev: dict, problems: list[str] | None = None) -> dict:
+        problems = list(problems or [])
+        if ev.get("fault"):
+            problems.insert(0, f"unexpected fault: {compact_fault(ev['fault'])}")
+        if "rel_err" in ev:
+            if ev["wrong"] or not ev["rel_err"] <= reference.MAX_REL_ERR:
+                problems.append(ev["worst_txt"])
+            if ev["route_mismatch"]:
+                problems.append(ev["route_txt"])
+        ev["status"] = "FAIL" if problems else "PASS"
+        ev["evidence"] = "; ".join(problems)
+        for k in ("worst_txt", "route_txt"):
+            ev.pop(k, None)
+        return ev
+
+    def two_runners(self) -> dict:
+        evs, problems = [], []
+        a = min(self.widths)
+        for i in range(6):
+            r, s = (self.main, a) if i % 2 == 0 else (self.tl, self.wt)
+            before = int(self.main.epoch[0])
+            ev = self.step(r, s, padding=i % 3, final=i == 5)
+            after = (int(self.main.epoch[0]), int(self.tl.epoch[0]))
+            if after != (before + 1, before + 1):
+                problems.append(f"step {i}: epoch {before} -> main {after[0]}, timeline {after[1]} (want {before + 1})")
+            evs.append(self.verdict(ev))
+        return self.worst(evs, problems)
+
+    def reset_mid_run(self) -> dict:
+        self.step(self.main, self.wt, final=False, check=False)
+        self.reset()
+        problems = []
+        if int(self.main.epoch[0]) != 0:
+            problems.append(f"epoch {int(self.main.epoch[0])} after reset (want 0)")
+        if self.main.fault(self.wt) is not None:
+            problems.append("fault record not cleared by reset")
+        return self.verdict(self.step(self.main, self.wt, 1, final=True), problems)
+
+    def inject_under(self, R: int) -> dict:
+        delay = under_delay_ns(self.job.timeout)
+        self.tl.inject.copy_(torch.tensor([R + 1, delay], dtype=torch.int32))
+        try:
+            ev = self.step(self.tl, self.wt, 1, final=True)
+        finally:
+            self.tl.inject.zero_()
+        waits = self.timeline(f"inject-under r{R}")
+        problems = []
+        if self.rank != R:
+            waited = waits.get(R, 0)
+            ev["waited_ms"] = waited / 1e6
+            if waited < WAIT_SEEN_FRACTION * delay:
+                problems.append(f"timeline shows a wait of {waited / 1e6:.1f} ms for rank {R}, "
+                                f"delay was {delay / 1e6:.0f} ms")
+        return self.verdict(ev, problems)
+
+    def inject_over(self, R: int, stale: bool = False) -> dict:
+        delay = over_delay_ns(self.job.timeout)
+        self.tl.inject.copy_(torch.tensor([R + 1, delay], dtype=torch.int32))
+        try:
+            ev = self.step(self.tl, self.wt, 0, final=True, check=False)
+        finally:
+            self.tl.inject.zero_()
+        self.timeline(f"{'stale-epoch' if stale else 'inject-over'} r{R}")
+        return self.expect_fault(ev, R, delay)
+
+    def expect_fault(self, ev: dict, R: int, delay: int) -> dict:
+        f, problems = ev["fault"], []
+        if f is None:
+            problems.append(f"no fault: rank {R} was {delay / 1e6:.0f} ms late, timeout "
+                            f"{self.job.timeout * 1e3:.0f} ms")
+        elif R not in f.get("missing_ranks", []):
+            problems.append(f"fault names rank(s) {f.get('missing_ranks')}, not {R}")
+        if self.rank != R and ev["wall_ms"] * 1e6 >= delay:
+            problems.append(f"returned after {ev['wall_ms']:.0f} ms: waited out rank {R}'s "
+                            f"{delay / 1e6:.0f} ms delay instead of the {self.job.timeout * 1e3:.0f} ms bound")
+        ev["status"] = "FAIL" if problems else "PASS"
+        ev["evidence"] = "; ".join(problems)
+        return ev
+
+    def stale_epoch(self) -> dict:
+        """Rank tp-1 is late; every other rank holds stale epochs in its flags for it."""
+        R, s = self.tp - 1, self.wt
+        barrier()
+        e = int(self.tl.epoch[0])  # the step below runs at the next epoch
+        if self.rank != R:
+            flags = self.tl.view(s, "flags")  # [phase][cta][src]
+            for c in range(flags.shape[1]):
+                flags[:, c, R] = e if c % 2 == 0 else max(e - 1, 1)
+        delay = over_delay_ns(self.job.timeout)
+        self.tl.inject.copy_(torch.tensor([R + 1, delay], dtype=torch.int32))
+        try:
+            ev = self.step(self.tl, s, 0, final=True, check=False)
+        finally:
+            self.tl.inject.zero_()
+        self.timeline(f"stale-epoch r{R}")
+        ev["evidence_pre"] = f"flags for rank {R} held epochs {e} and {max(e - 1, 1)}; step epoch {e + 1}"
+        out = self.expect_fault(ev, R, delay)
+        out["evidence"] = out["evidence"] or out.pop("evidence_pre")
+        out.pop("evidence_pre", None)
+        return out
+
+    def recovery(self) -> dict:
+        self.reset()
+        return self.verdict(self.step(self.main, self.wt, 1, final=True))
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def reset(self) -> None:
+        for r in (self.main, self.tl):
+            r.reset()
+
+    def worst(self, evs: list[dict], problems: list[str]) -> dict:
+        bad = [e for e in evs if e["status"] == "FAIL"]
+        ev = dict(max(evs, key=lambda e: e.get("rel_err", 0)) if not bad else bad[0])
+        for k in ("wrong", "elements", "route_rows", "route_mismatch", "route_excused"):
+            ev[k] = sum(e.get(k, 0) for e in evs)
+        ev["wall_ms"] = sum(e["wall_ms"] for e in evs)
+        problems = problems + ([ev["evidence"]] if bad else [])
+        ev["status"] = "FAIL" if problems else "PASS"
+        ev["evidence"] = "; ".join(problems)
+        return ev
+
+    def timeline(self, case: str) -> dict[int, int]:
+        """Write this rank's timeline rows; return the longest seam wait (ns) per source rank."""
+        tl = self.tl.view(self.wt, "timeline").cpu()
+        names = stamp_names(self.tp)
+        off = self.offsets[self.rank]
+        for c in range(tl.shape[0]):
+            for j, n in enumerate(names):
+                t = int(tl[c, j])
+                if t:
+                    self.rec.row("timeline", {"case": case, "rank": self.rank, "cta": c, "stamp": n,
+                                              "t_ns": t, "t_common_ns": t - off})
+        waits = {}
+        arrive = names.index("seam_arrive")
+        for src in range(self.tp):
+            seen = names.index(f"seam_seen{src}")
+            w = [int(tl[c, seen] - tl[c, arrive]) for c in range(tl.shape[0]) if tl[c, seen] and tl[c, arrive]]
+            waits[src] = max(w, default=0)
+        return waits
+
+
+def evidence(r, s, out, res_out, ref, slots) -> dict:
+    c_out, c_res = reference.compare(out, ref.out), reference.compare(res_out, ref.res_out)
+    pad = (slots[:s] < 0).to(out.device)
+    pad_nonzero = int((out[pad] != 0).sum())
+    got = r.view(s, "route").long().cpu().sort(-1).values
+    want = ref.chosen.cpu()
+    bad_rows = ~(got == want).all(-1)
+    tie = ref.near_tie.cpu()
+    mismatch = bad_rows & ~tie
+    worst_c = c_out if c_out["rel_err"] >= c_res["rel_err"] else c_res
+    w = worst_c["worst"] or {}
+    which = "out" if worst_c is c_out else "res_out"
+    ev = {"rel_err": max(c_out["rel_err"], c_res["rel_err"]), "wrong": c_out["wrong"] + c_res["wrong"] + pad_nonzero,
+          "elements": c_out["elements"] + c_res["elements"], "route_rows": s,
+          "route_mismatch": int(mismatch.sum()), "route_excused": int((bad_rows & tie).sum()),
+          "worst_txt": (f"{which}[{w.get('row')},{w.get('col')}] expected {w.get('expected', 0):.5g} got "
+                        f"{w.get('got', 0):.5g}; {c_out['wrong'] + c_res['wrong']} wrong"
+                        + (f", {pad_nonzero} nonzero in padding rows" if pad_nonzero else ""))}
+    if mismatch.any():
+        i = int(mismatch.nonzero()[0])
+        ev["route_txt"] = f"route row {i}: expected {want[i].tolist()} got {got[i].tolist()}"
+    return ev
+
+
+def compact_fault(f) -> str:
+    if not f:
+        return ""
+    if isinstance(f, str):
+        return f
+    return (f"r{f.get('rank')}:{f.get('phase_name')} e{f.get('epoch')} missing {f.get('missing_ranks')} "
+            f"after {f.get('waited_ns', 0) / 1e6:.0f}ms")
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def summarize(cases: pd.DataFrame) -> pd.DataFrame:
+    """One row per case: PASS only when every rank passed; errors maxed, counts summed."""
+    rows = []
+    for (order, case, width), g in cases.assign(order=cases.groupby(["case", "width"], sort=False).ngroup()) \
+            .groupby(["order", "case", "width"], sort=True):
+        bad = g[g.status != "PASS"]
+        num = lambda k: g[k].fillna(0) if k in g else pd.Series([0])  # noqa: E731
+        rows.append({
+            "case": case, "width": int(width), "status": "FAIL" if len(bad) else "PASS",
+            "rel_err": float(num("rel_err").max()), "wrong": int(num("wrong").sum()),
+            "elements": int(num("elements").sum()),
+            "route_agree": f"{int(num('route_rows').sum() - num('route_mismatch').sum())}/{int(num('route_rows').sum())}"
+                           + (f" ({int(num('route_excused').sum())} tie)" if num("route_excused").sum() else ""),
+            "route_mismatch": int(num("route_mismatch").sum()),
+            "fault": "; ".join(f for f in g["fault"].fillna("") if f),
+            "wall_ms": float(g.wall_ms.max()),
+            "evidence": "; ".join(f"r{r}: {e}" for r, e in zip(bad["rank"], bad["evidence"].fillna("")) if e),
+        })
+    return pd.DataFrame(rows)
+
+
+def body(opts: dict, rec: Records) -> None:
+    q = Qualify(opts, rec)
+    try:
+        q.run()
+    finally:
+        barrier()
+        q.job.close()
+
+
+if __name__ == "__main__":
+    main(body)

@@ -1,0 +1,351 @@
+"""Validate a job's options, run its ranks through torchrun under a deadline, collect records.
+
+    cli -> launch.validate(opts) -> launch.run(job, opts) -> torchrun -> python -m ffnq.jobs.<job>
+
+Each rank appends JSON lines to ``<tmp>/rank<r>.jsonl`` (progress, rows, done or error); rank 0
+also writes every rank's rows, gathered, into ``all.jsonl`` (the only file a multi-node run
+needs on this host). The temp dir is never the reports folder. torchrun runs in its own session,
+so a job past its deadline is killed as a whole group; a rank that dies makes torchrun end the
+others, and the error names the dead rank (from its error record, else torchrun's root cause).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ffnq.errors import UsageError
+from ffnq.spec import Experts, load_model
+
+GPU_BACKENDS = ("triton", "flydsl")
+SETUP_S = 90.0  # interpreter + torch import + process group + weights, per job, on a slow 2-core host
+MAX_INJECT_NS = 2**31 - 1  # inject ticks are int32
+
+
+class LaunchError(RuntimeError):
+    """The job ran but did not finish: a rank died, or the deadline passed."""
+
+
+@dataclass
+class JobOptions:
+    """What every job takes; the cli fills it, each rank reads it back from JSON."""
+
+    backend: str = "cpu"  # a backend name or package.module:Class
+    model: str = "tiny"
+    tp: int = 2
+    experts: str = "all"
+    widths: list[int] = field(default_factory=list)  # empty: every width of the model
+    timeout_s: float = 1.0  # the kernel's bound on every wait
+    seed: int = 0
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+    deadline_s: float | None = None  # the job's own bound; None: derived from the work
+    # qualify
+    inject_ranks: list[int] = field(default_factory=list)
+    # bench
+    layers: int = 1
+    rep_ms: float = 1000.0  # timed budget per width and variant (ms), converted to a step count
+    warmup_ms: float = 200.0
+    min_steps: int = 10
+    max_steps: int = 1000
+    baseline: bool = True
+    # warm
+    compute_units: int | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def parse_widths(text: str | None, max_tokens: int) -> list[int]:
+    """'1-4,8,16' -> [1, 2, 3, 4, 8, 16]; 'all' or empty -> 1..max_tokens."""
+    if text is None or text.strip() in ("", "all"):
+        return list(range(1, max_tokens + 1))
+    out: list[int] = []
+    for item in text.split(","):
+        item = item.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        if not m:
+            raise UsageError(f"--widths {text!r}: {item!r} is not N or N-M (e.g. 1-4,8,16)")
+        lo, hi = int(m[1]), int(m[2] or m[1])
+        if lo > hi or lo < 1 or hi > max_tokens:
+            raise UsageError(f"--widths {text!r}: {item} outside 1..{max_tokens} (max_tokens of the model)")
+        out += [w for w in range(lo, hi + 1) if w not in out]
+    return sorted(out)
+
+
+def parse_inject(values: list[str] | None, tp: int) -> list[int]:
+    """--inject-rank R (repeatable) or 'all' -> sorted ranks, each < tp."""
+    ranks: set[int] = set()
+    for v in values or []:
+        for item in str(v).split(","):
+            item = item.strip()
+            if item == "all":
+                ranks |= set(range(tp))
+            elif item.isdigit() and int(item) < tp:
+                ranks.add(int(item))
+            else:
+                raise UsageError(f"--inject-rank {item!r}: allowed 0..{tp - 1} or all (tp={tp})")
+    return sorted(ranks)
+
+
+def resolve_backend(backend: str) -> str:
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "triton" if torch.cuda.is_available() else "cpu"
+
+
+def validate(opts: JobOptions) -> JobOptions:
+    """Every check that can fail before torchrun starts; raises UsageError (exit 2)."""
+    import torch
+
+    from ffnq.runner import BACKENDS, load_runner
+
+    spec = load_model(opts.model)
+    try:
+        experts = Experts(opts.experts)
+    except ValueError:
+        raise UsageError(f"--experts {opts.experts!r}: allowed {', '.join(e.value for e in Experts)}") from None
+    if opts.tp < 1:
+        raise UsageError(f"--tp {opts.tp}: must be >= 1")
+    spec.check(opts.tp, experts)
+    if not opts.widths:
+        opts.widths = list(range(1, spec.max_tokens + 1))
+    bad = [w for w in opts.widths if not 1 <= w <= spec.max_tokens]
+    if bad:
+        raise UsageError(f"widths {bad}: allowed 1..{spec.max_tokens} for {spec.name}")
+    if not opts.timeout_s > 0:
+        raise UsageError(f"--timeout {opts.timeout_s}: must be > 0 (seconds)")
+    if opts.deadline_s is not None and not opts.deadline_s > 0:
+        raise UsageError(f"--deadline {opts.deadline_s}: must be > 0 (seconds)")
+    bad = [r for r in opts.inject_ranks if not 0 <= r < opts.tp]
+    if bad:
+        raise UsageError(f"--inject-rank {bad[0]}: allowed 0..{opts.tp - 1} or all (tp={opts.tp})")
+    if opts.inject_ranks and over_delay_ns(opts.timeout_s) <= 1.5 * opts.timeout_s * 1e9:
+        raise UsageError(f"--timeout {opts.timeout_s}: injection over the timeout needs a delay above 1.5 x "
+                         f"timeout in int32 ns (< {MAX_INJECT_NS / 1e9:.2f} s); use --timeout <= 1.4")
+    if opts.layers < 1:
+        raise UsageError(f"--layers {opts.layers}: must be >= 1")
+    if opts.nnodes < 1 or opts.tp % opts.nnodes:
+        raise UsageError(f"--nnodes {opts.nnodes}: must be >= 1 and divide --tp {opts.tp}")
+    if opts.nnodes > 1 and not opts.rdzv_endpoint:
+        raise UsageError(f"--nnodes {opts.nnodes}: needs --rdzv-endpoint HOST:PORT")
+    if opts.backend not in BACKENDS and ":" not in opts.backend:
+        raise UsageError(f"--backend {opts.backend!r}: allowed auto, {', '.join(BACKENDS)} "
+                         f"(or --runner package.module:Class)")
+    per_node = opts.tp // opts.nnodes
+    if opts.backend in GPU_BACKENDS:
+        if not torch.cuda.is_available():
+            raise UsageError(f"--backend {opts.backend}: needs a GPU and this host has none (use --backend cpu)")
+        if per_node > torch.cuda.device_count():
+            raise UsageError(f"--tp {opts.tp}: {per_node} ranks on this host but only "
+                             f"{torch.cuda.device_count()} GPU(s)")
+    cls = load_runner(opts.backend)
+    if opts.backend not in GPU_BACKENDS:  # a plug-in: ask it where rank 0 would run
+        try:
+            dev = torch.device(cls.default_device(0))
+        except Exception as e:  # noqa: BLE001 - a plug-in's own failure is bad input here
+            raise UsageError(f"--runner {opts.backend}: default_device failed ({e})") from None
+        if dev.type == "cuda" and (not torch.cuda.is_available() or per_node > torch.cuda.device_count()):
+            raise UsageError(f"--runner {opts.backend}: runs on cuda; {per_node} ranks here but "
+                             f"{torch.cuda.device_count()} GPU(s)")
+    return opts
+
+
+def under_delay_ns(timeout_s: float) -> int:
+    return int(0.3 * timeout_s * 1e9)
+
+
+def over_delay_ns(timeout_s: float) -> int:
+    return min(int(2.5 * timeout_s * 1e9), MAX_INJECT_NS)
+
+
+def deadline_for(job: str, opts: JobOptions) -> float:
+    """Seconds the whole job may take: setup plus a generous bound on its own work."""
+    if opts.deadline_s:
+        return opts.deadline_s
+    w, t = len(opts.widths), opts.timeout_s
+    if job == "qualify":
+        injected = len(opts.inject_ranks) + (1 if opts.tp > 1 else 0)
+        work = 2 * w * 3.0 + 40 + injected * (3 * t + 2 * over_delay_ns(t) / 1e9 + 10)
+    elif job == "bench":
+        per = (opts.rep_ms + opts.warmup_ms) / 1e3 * (2 if opts.baseline else 1) + 3.0 * opts.layers
+        work = w * per * 3
+    else:
+        work = 30 + 10 * w
+    return SETUP_S + work
+
+
+def torchrun_command(job: str, opts: JobOptions, opts_file: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if opts.nnodes > 1 or opts.rdzv_endpoint:
+        cmd += ["--nnodes", str(opts.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", opts.rdzv_endpoint or ""]
+    else:
+        cmd += ["--standalone"]
+    cmd += ["--nproc-per-node", str(opts.tp // opts.nnodes), "-m", f"ffnq.jobs.{job}", str(opts_file)]
+    return cmd
+
+
+def job_env(tag: str) -> dict:
+    env = dict(os.environ)
+    env.update(FFNQ_TAG=tag, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+@dataclass
+class JobResult:
+    tables: dict[str, pd.DataFrame]
+    command: list[str]
+    wall_s: float
+    tag: str
+
+
+def read_records(result_dir: Path) -> list[dict]:
+    recs = []
+    for f in sorted(result_dir.glob("rank*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                recs.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a torn last line of a killed rank
+    return recs
+
+
+def run(job: str, opts: JobOptions, progress: bool = True) -> JobResult:
+    """Run ``python -m ffnq.jobs.<job>`` on every rank; tables of rows by name."""
+    from ffnq.dist import sweep
+
+    deadline = deadline_for(job, opts)
+    tag = "j" + secrets.token_hex(4)
+    with tempfile.TemporaryDirectory(prefix="ffnq-job-") as tmp:
+        result_dir = Path(tmp)
+        opts_file = result_dir / "options.json"
+        opts_file.write_text(json.dumps({"job": job, "result_dir": str(result_dir), **opts.to_json()}))
+        cmd = torchrun_command(job, opts, opts_file)
+        log = (result_dir / "torchrun.log").open("w")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, env=job_env(tag), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = _wait(proc, result_dir, t0 + deadline, job, progress)
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+            log.close()
+            sweep(tag)
+        wall = time.monotonic() - t0
+        recs = read_records(result_dir)
+        if rc is None:
+            raise LaunchError(f"{job} passed its deadline of {deadline:.0f} s (--deadline): "
+                              f"{_unfinished(recs, opts.tp)}; the job was killed")
+        if rc != 0:
+            raise LaunchError(_failure(job, rc, recs, opts.tp, (result_dir / "torchrun.log").read_text()))
+        merged = result_dir / "all.jsonl"
+        if merged.exists():
+            recs = [json.loads(line) for line in merged.read_text().splitlines() if line.strip()]
+        rows: dict[str, list] = {}
+        for r in recs:
+            if r.get("kind") == "row":
+                rows.setdefault(r["table"], []).append(r["data"])
+        return JobResult({k: pd.DataFrame(v) for k, v in rows.items()}, cmd, wall, tag)
+
+
+def _wait(proc, result_dir: Path, end: float, job: str, progress: bool) -> int | None:
+    """Poll the job and rank 0's progress until it exits (rc) or the deadline (None)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=console, transient=True,
+                   disable=not (progress and console.is_terminal))
+    rank0 = result_dir / "rank0.jsonl"
+    with bar:
+        task = bar.add_task(f"{job}: starting ranks", total=None, what="")
+        seen = 0
+        while True:
+            try:
+                return proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() > end:
+                _kill_group(proc)
+                return None
+            if rank0.exists():
+                lines = rank0.read_text().splitlines()
+                for line in lines[seen:]:
+                    try:
+                        r = json.loads(line)
+                    except json.JSONDecodeError:
+                        break
+                    seen += 1
+                    if r.get("kind") == "progress":
+                        bar.update(task, description=job, completed=r["done"], total=r["total"], what=r.get("what", ""))
+
+
+def _kill_group(proc) -> None:
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _last(recs: list[dict], tp: int) -> dict[int, dict]:
+    """The last record of each rank."""
+    last: dict[int, dict] = {}
+    for r in recs:
+        if "rank" in r:
+            last[r["rank"]] = r
+    return last
+
+
+def _unfinished(recs: list[dict], tp: int) -> str:
+    last = _last(recs, tp)
+    waiting = [r for r in range(tp) if last.get(r, {}).get("kind") != "done"]
+    where = ", ".join(f"rank {r} at {_where(last.get(r))}" for r in waiting)
+    return f"rank(s) {', '.join(map(str, waiting))} had not finished ({where})"
+
+
+def _where(rec: dict | None) -> str:
+    if rec is None:
+        return "start-up"
+    if rec.get("kind") == "progress":
+        return f"{rec.get('what') or 'step'} ({rec['done']}/{rec['total']})"
+    return rec.get("kind", "?")
+
+
+def _failure(job: str, rc: int, recs: list[dict], tp: int, log: str) -> str:
+    errors = [r for r in recs if r.get("kind") == "error"]
+    if errors:
+        first = min(errors, key=lambda r: r.get("t", 0))
+        return f"{job}: rank {first['rank']} failed: {first['message']}"
+    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", log, re.S)
+    if m:
+        code = int(m[2])
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return f"{job}: rank {m[1]} died ({how}); torchrun ended the others. {_unfinished(recs, tp)}"
+    tail = " | ".join(log.strip().splitlines()[-3:])
+    return f"{job}: torchrun exited {rc}; {_unfinished(recs, tp)}; log: {tail}"
+
+
+def command_line(cmd: list[str]) -> str:
+    return shlex.join(cmd)

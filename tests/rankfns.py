@@ -1,0 +1,121 @@
+"""Rank bodies for the engine tests (run in spawned processes by multirank.run_ranks).
+
+Each returns plain data; the test asserts on it in the parent, so a failing rank shows up as a
+value, not as a hang.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ffnq import reference
+from ffnq.dist import barrier
+from ffnq.jobs.rank import setup
+from ffnq.spec import Phase, stamp_names
+
+TIMEOUT = 0.5  # s: short enough for fast fault tests, long enough for 3 ranks on 2 cores
+
+
+def _check(job, runner, s, case, padding=0, final=False):
+    parts, residual, slots = job.inputs(s, case, padding=padding)
+    out, res_out = runner(parts[job.rank], residual, job.weights, slots, final=final)
+    ref = reference.step(parts, residual, slots, job.full, job.model, job.experts)
+    pad = slots[:s] < 0
+    route = runner.view(s, "route").long()
+    ok_rows = (route == ref.chosen).all(-1) | ref.near_tie
+    return {
+        "s": s, "case": case, "padding": int(pad.sum()),
+        "out": reference.compare(out, ref.out), "res": reference.compare(res_out, ref.res_out),
+        "route_ok": bool(ok_rows.all()), "pad_zero": bool((out[pad] == 0).all()),
+        "fault": runner.fault(s),
+    }
+
+
+def correctness(rank, world, widths, experts="all", timeline=False):
+    job = setup("cpu", "tiny", experts, TIMEOUT, seed=3)
+    r = job.runner(widths=widths, timeline=timeline)
+    r.warm(job.weights)
+    out = []
+    for i, s in enumerate(widths):
+        out.append(_check(job, r, s, case=10 + i, padding=s // 3, final=i % 2 == 1))
+    job.close()
+    return out
+
+
+def shared_epoch(rank, world):
+    """Two runners on one peer buffer, alternating: both move the one epoch word on."""
+    job = setup("cpu", "tiny", "all", TIMEOUT, seed=4)
+    a, b = job.runner(widths=[2, 7]), job.runner(widths=[2, 7])
+    seen, res = [], []
+    for i in range(6):
+        r = (a, b)[i % 2]
+        res.append(_check(job, r, (2, 7)[i // 2 % 2], case=i))
+        seen.append(int(a.epoch[0]))
+    same = a.epoch.data_ptr() == b.epoch.data_ptr()
+    job.close()
+    return {"epochs": seen, "same_word": same, "checks": res}
+
+
+def injection(rank, world, late, delay_s, s=4):
+    """One step with rank ``late`` delayed, then a collective reset and a checked step."""
+    job = setup("cpu", "tiny", "all", TIMEOUT, seed=5)
+    r = job.runner(widths=[s], timeline=True)
+    r.warm(job.weights)
+    r.inject.copy_(torch.tensor([late + 1, int(delay_s * 1e9)], dtype=torch.int32))
+    barrier()  # start together, so the wait seen is the injected delay, not start-up skew
+    t0 = time.monotonic()
+    first = _check(job, r, s, case=1, final=True)
+    first["wall_s"] = time.monotonic() - t0
+    names = stamp_names(world)
+    tl = r.view(s, "timeline")
+    first["seam_wait_ns"] = [int(tl[c, names.index(f"seam_seen{late}")] - tl[c, names.index("seam_arrive")])
+                             for c in range(r.BLOCKS)]
+    r.inject.zero_()
+    r.reset()
+    after = _check(job, r, s, case=2, final=True)
+    job.close()
+    return {"first": first, "after": after}
+
+
+def stale(rank, world, s=3):
+    """Rank 1 never arrives; rank 0 finds stale tags (earlier epochs, negative, future) in its
+    flags from rank 1: none may satisfy the wait."""
+    job = setup("cpu", "tiny", "all", TIMEOUT, seed=6)
+    r = job.runner(widths=[s])
+    good = _check(job, r, s, case=1)  # epoch 1 for both
+    barrier()
+    result = {"good": good}
+    if rank == 0:
+        flags = r.view(s, "flags")
+        e = int(r.epoch[0]) + 1
+        result["tags"] = {}
+        for tag in (e - 1, e - 2, -(e - 1), e + 1):  # stale, older, stale fault, future
+            flags[:, :, 1] = tag
+            t0 = time.monotonic()
+            parts, residual, slots = job.inputs(s, 9)
+            r(parts[0], residual, job.weights, slots)
+            f = r.fault(s)
+            result["tags"][tag] = {"fault": f, "wall_s": time.monotonic() - t0}
+            e = int(r.epoch[0]) + 1
+    barrier()
+    job.close()
+    return result
+
+
+def clean_step_time(rank, world, s=16, n=5):
+    job = setup("cpu", "tiny", "all", TIMEOUT, seed=7)
+    r = job.runner(widths=[s])
+    r.warm(job.weights)
+    parts, residual, slots = job.inputs(s, 1)
+    r(parts[rank], residual, job.weights, slots)
+    t = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r(parts[rank], residual, job.weights, slots)
+        t.append(time.perf_counter() - t0)
+    job.close()
+    return sorted(t)[n // 2]
+
+
+PHASE_NAMES = [p.name.lower() for p in Phase]

@@ -1,0 +1,78 @@
+"""The fp64 oracle against a second, plain per-row implementation, on fresh inputs."""
+import math
+
+import pytest
+import torch
+
+from ffnq import reference
+from ffnq.spec import Experts, load_model
+from ffnq.weights import dequant, synthetic
+
+M = load_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def full():
+    return synthetic(M, seed=21)
+
+
+def plain_row(parts, residual, w, row):
+    """One row, scalar-minded: no topk, no index_add, no batching."""
+    h = [float(residual[row, j]) + sum(float(p[row, j]) for p in parts) for j in range(M.hidden)]
+    inv = 1.0 / math.sqrt(sum(v * v for v in h) / M.hidden + M.eps)
+    x = torch.tensor([h[j] * inv * float(w.post_norm[j]) for j in range(M.hidden)], dtype=torch.float64)
+    scores = [1 / (1 + math.exp(-float(x @ w.router[e].double()))) for e in range(M.experts)]
+    ranked = sorted(range(M.experts), key=lambda e: -(scores[e] + float(w.router_bias[e])))[: M.top_k]
+    total = sum(scores[e] for e in ranked)
+    out = torch.zeros(M.hidden, dtype=torch.float64)
+    for e in ranked:
+        w1 = dequant(w.w1[e], w.s1[e], 128, torch.float64)
+        w3 = dequant(w.w3[e], w.s3[e], 128, torch.float64)
+        w2 = dequant(w.w2[e], w.s2[e], 128, torch.float64)
+        g, u = w1 @ x, w3 @ x
+        out += scores[e] / total * (w2 @ (g / (1 + torch.exp(-g)) * u))
+    return out, torch.tensor(h, dtype=torch.float64), sorted(ranked)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_reference_matches_plain_rows(full, seed):
+    g = torch.Generator().manual_seed(seed)
+    s, tp = 3, 2
+    parts = [torch.randn(s, M.hidden, generator=g).bfloat16() for _ in range(tp)]
+    residual = torch.randn(s, M.hidden, generator=g).bfloat16()
+    slots = torch.tensor([5, -1, 2])
+    ref = reference.step(parts, residual, slots, full, M)
+    for row in range(s):
+        out, h, chosen = plain_row(parts, residual, full, row)
+        assert torch.allclose(ref.res_out[row], h, rtol=0, atol=1e-12)
+        if slots[row] < 0:
+            assert (ref.out[row] == 0).all() and (ref.chosen[row] == -1).all()
+        else:
+            assert ref.chosen[row].tolist() == chosen
+            assert torch.allclose(ref.out[row], out, rtol=1e-9, atol=1e-12)
+            assert abs(float(ref.weights[row].sum()) - 1) < 1e-12
+    assert ref.out.abs().mean() > 0.05  # a non-trivial output to compare against
+
+
+def test_none_experts_output_zero_and_local_equals_all(full):
+    g = torch.Generator().manual_seed(5)
+    parts = [torch.randn(2, M.hidden, generator=g).bfloat16()]
+    res = torch.randn(2, M.hidden, generator=g).bfloat16()
+    slots = torch.arange(2)
+    assert (reference.step(parts, res, slots, full, M, Experts.NONE).out == 0).all()
+    a = reference.step(parts, res, slots, full, M, Experts.ALL).out
+    assert torch.equal(a, reference.step(parts, res, slots, full, M, Experts.LOCAL).out)
+
+
+def test_compare_counts_wrong_elements_and_nan():
+    ref = torch.randn(4, 64, dtype=torch.float64)
+    good = ref.bfloat16()
+    c = reference.compare(good, ref)
+    assert c["wrong"] == 0 and c["rel_err"] < 4e-3
+    bad = good.clone()
+    bad[2, 7] += 5
+    c = reference.compare(bad, ref)
+    assert c["wrong"] == 1 and c["worst"]["row"] == 2 and c["worst"]["col"] == 7
+    bad[0, 0] = float("nan")
+    c = reference.compare(bad, ref)
+    assert c["nan"] == 1 and c["rel_err"] == float("inf")

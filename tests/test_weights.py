@@ -1,0 +1,87 @@
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ffnq.errors import UsageError
+from ffnq.reference import route
+from ffnq.spec import Experts, load_model
+from ffnq.weights import FP8, dequant, layer_names, load_layer, shard, synthetic
+
+M = load_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def full():
+    return synthetic(M, seed=11)
+
+
+def test_synthetic_is_deterministic_and_fp8(full):
+    again = synthetic(M, seed=11)
+    other = synthetic(M, seed=12)
+    assert full.w1.dtype == FP8 and full.s1.dtype == torch.float32 and full.router.dtype == torch.float32
+    assert full.w1.shape == (32, 1536, 256) and full.s1.shape == (32, 12, 2)
+    assert full.w2.shape == (32, 256, 1536) and full.s2.shape == (32, 2, 12)
+    assert torch.equal(full.w1.view(torch.uint8), again.w1.view(torch.uint8))
+    assert not torch.equal(full.w1.view(torch.uint8), other.w1.view(torch.uint8))
+    # codes use the fp8 range without saturating, and every block has its own scale
+    q = full.w1.float()
+    assert q.abs().max() < 448 and q.std() > 4
+    assert full.s1.unique().numel() == full.s1.numel()
+
+
+def test_dequant_is_blockwise(full):
+    d = dequant(full.w1[3], full.s1[3], 128)
+    assert torch.allclose(d[130, 5], full.w1[3, 130, 5].float() * full.s1[3, 1, 0])
+    assert torch.allclose(d[0, 255], full.w1[3, 0, 255].float() * full.s1[3, 0, 1])
+    # unit-scale projections: x ~ N(0,1) keeps ~unit scale through w1
+    x = torch.randn(64, 256)
+    assert 0.5 < (x @ d.T).std() < 2.0
+
+
+def test_bias_changes_topk_in_most_rows(full):
+    x = torch.randn(512, M.hidden, dtype=torch.float64)
+    biased, _, _ = route(x, full, M)
+    plain = torch.topk(torch.sigmoid(x @ full.router.double().T), M.top_k).indices
+    differs = (biased.sort(-1).values != plain.sort(-1).values).any(-1).float().mean()
+    assert differs > 0.5, f"bias reorders only {differs:.0%} of rows"
+
+
+def test_shards_rebuild_the_full_layer(full):
+    tp = 2
+    sh = [shard(full, M, tp, r, Experts.ALL) for r in range(tp)]
+    I = M.intermediate // tp
+    w1 = torch.cat([s.w13[:, :I] for s in sh], 1)
+    w3 = torch.cat([s.w13[:, I:] for s in sh], 1)
+    w2 = torch.cat([s.w2 for s in sh], 2)
+    for a, b in ((w1, full.w1), (w3, full.w3), (w2, full.w2)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert torch.equal(torch.cat([s.s2 for s in sh], 2), full.s2)
+    loc = [shard(full, M, 4, r, Experts.LOCAL) for r in range(4)]
+    assert [s.first_expert for s in loc] == [0, 8, 16, 24]
+    assert torch.equal(loc[2].w13[1, :M.intermediate].view(torch.uint8), full.w1[17].view(torch.uint8))
+    assert shard(full, M, 2, 1, Experts.NONE).w13.numel() == 0
+    with pytest.raises(UsageError, match="rank 2"):
+        shard(full, M, 2, 2, Experts.ALL)
+
+
+def test_loader_reads_minimax_tensor_names(full, tmp_path):
+    layer = 7
+    tensors = {}
+    for k, n in layer_names(layer).items():
+        tensors[n] = getattr(full, k)
+    for e in range(M.experts):
+        for k, n in layer_names(layer, e).items():
+            tensors[n] = getattr(full, k)[e].contiguous()
+    assert "model.layers.7.block_sparse_moe.experts.3.w2.weight_scale_inv" in tensors
+    names = sorted(tensors)
+    save_file({n: tensors[n] for n in names[: len(names) // 2]}, tmp_path / "model-00001-of-00002.safetensors")
+    save_file({n: tensors[n] for n in names[len(names) // 2:]}, tmp_path / "model-00002-of-00002.safetensors")
+    got = load_layer(tmp_path, layer, M)
+    for k in ("w1", "w3", "w2"):
+        assert torch.equal(getattr(got, k).view(torch.uint8), getattr(full, k).view(torch.uint8))
+    for k in ("s1", "s3", "s2", "router", "router_bias", "post_norm"):
+        assert torch.equal(getattr(got, k), getattr(full, k))
+    with pytest.raises(UsageError, match="tensor model.layers.8.post_attention_layernorm.weight missing"):
+        load_layer(tmp_path, 8, M)
+    with pytest.raises(UsageError, match="no .safetensors"):
+        load_layer(tmp_path / "nothing", layer, M)
