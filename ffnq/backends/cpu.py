@@ -31,6 +31,7 @@ def next_epoch(e: int) -> int:
 class CpuRunner(Runner):
     backend = "cpu"
     BLOCKS = 4
+    step_cls: type  # CpuStep, set below
     THREADS = 1
 
     @classmethod
@@ -85,7 +86,7 @@ class CpuRunner(Runner):
 
     def __call__(self, part, residual, weights, slots, final=False):
         s = self.check_inputs(part, residual, slots)
-        return _Launch(self, s, weights).run(part, residual, slots[:s], final)
+        return self.step_cls(self, s, weights).run(part, residual, slots[:s], final)
 
     # ---- helpers -----------------------------------------------------------------------------
     def expert(self, w, le: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,12 +116,13 @@ class CpuRunner(Runner):
                                  f"{m.name} at tp={tp}, experts={ex.value} needs {shape}")
 
 
-class _Launch:
-    """One step of one rank: the kernel's body, phase by phase."""
+class CpuStep:
+    """One step of one rank: the kernel's body, phase by phase. Each stage is a method, so a
+    planted-bug runner (tests/mutants.py) changes exactly one of them."""
 
     def __init__(self, r: CpuRunner, s: int, weights):
         self.r, self.s, self.w = r, s, weights
-        self.e = next_epoch(int(r.epoch[0]))
+        self.e = self.next_epoch(int(r.epoch[0]))
         self.par = self.e & 1
         self.fault = r.view(s, "fault")
         self.fault.zero_()
@@ -141,32 +143,65 @@ class _Launch:
     def run(self, part, residual, slots, final):
         r, s = self.r, self.s
         self.stamp("start")
-        who, delay = r.inject.tolist()
-        if who == r.rank + 1 and delay > 0:
-            time.sleep(delay / 1e9)
+        self.arrive_late()
         self.exchange(Phase.SEAM, "seam", part)
-        h = residual.float() + r._peer["seam"][r.rank][self.par, :, :s].float().sum(0)
-        res_out = h.to(torch.bfloat16)
-        m = r.model
-        x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + m.eps) * self.w.post_norm.float()
-        idx, wts = self.route(x, slots < 0)
+        h = residual.float() + self.gather("seam")
+        x = self.norm(h)
+        pad = self.padding(slots)
+        idx, wts = self.route(x, pad)
         self.stamp("router_done")
-        y = self.experts(x, idx, wts, slots < 0)
+        y = self.experts(x, idx, wts, pad)
         self.stamp("experts_done")
         self.exchange(Phase.REDUCE, "moe", y.to(torch.bfloat16))
-        out = r._peer["moe"][r.rank][self.par, :, :s].float().sum(0).to(torch.bfloat16)
+        out = self.gather("moe").to(torch.bfloat16)
         if final:
             self.exchange(Phase.HANDSHAKE, None, None)
         self.stamp("end")
         r.epoch[0] = self.e
-        return out, res_out
+        return out, h.to(torch.bfloat16)
+
+    def arrive_late(self) -> None:
+        """inject = [rank + 1, ns]: the named rank holds back its arrival."""
+        who, delay = self.r.inject.tolist()
+        if who == self.r.rank + 1 and delay > 0:
+            time.sleep(delay / 1e9)
+
+    def deadline(self, t0: int) -> int:
+        return t0 + self.r.keys[self.s].timeout_ns
+
+    @staticmethod
+    def next_epoch(e: int) -> int:
+        return next_epoch(e)
+
+    @staticmethod
+    def matches(v: int, e: int) -> bool:
+        return v == e  # exact: a stale or future tag never satisfies a wait
+
+    def cols(self) -> list[slice]:
+        """The hidden columns each virtual CTA pushes."""
+        return self.r._cols
+
+    def gather(self, region: str) -> torch.Tensor:
+        """fp32 sum of every rank's rows in this rank's slot of ``region``."""
+        return self.r._peer[region][self.r.rank][self.par, :, : self.s].float().sum(0)
+
+    def norm(self, h):
+        m = self.r.model
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + m.eps) * self.w.post_norm.float()
+
+    @staticmethod
+    def padding(slots):
+        return slots < 0
+
+    def select(self, scores):
+        """Expert choice: biased scores pick, un-biased scores weigh, renormalised."""
+        idx = torch.topk(scores + self.w.router_bias.float(), self.r.model.top_k, dim=-1).indices
+        wts = scores.gather(1, idx)
+        return idx, wts / wts.sum(-1, keepdim=True)
 
     def route(self, x, pad):
-        r, m = self.r, self.r.model
-        scores = torch.sigmoid(x @ self.w.router.float().T)
-        idx = torch.topk(scores + self.w.router_bias.float(), m.top_k, dim=-1).indices
-        wts = scores.gather(1, idx)
-        wts = wts / wts.sum(-1, keepdim=True)
+        r = self.r
+        idx, wts = self.select(torch.sigmoid(x @ self.w.router.float().T))
         order = idx.sort(-1)
         r.view(self.s, "route").copy_(order.values.masked_fill(pad[:, None], -1))
         r.view(self.s, "route_w").copy_(wts.gather(1, order.indices).masked_fill(pad[:, None], 0))
@@ -195,7 +230,7 @@ class _Launch:
     def exchange(self, phase: Phase, region: str | None, rows) -> None:
         """Push this rank's rows into every peer's slot, publish, wait for every peer."""
         r, p = self.r, phase.name.lower()
-        for c, cols in enumerate(r._cols):
+        for c, cols in enumerate(self.cols()):
             if region is not None:
                 for dst in range(r.tp):
                     r._peer[region][dst][self.par, r.rank, : self.s, cols] = rows[:, cols]
@@ -209,7 +244,7 @@ class _Launch:
         r, p = self.r, phase.name.lower()
         flags = r._peer["flags"][r.rank][phase]
         t0 = time.monotonic_ns()
-        deadline = t0 + r.keys[self.s].timeout_ns
+        deadline = self.deadline(t0)
         for c in range(r.BLOCKS):
             for src in range(r.tp):
                 if self.faulted:
@@ -217,7 +252,7 @@ class _Launch:
                 spins = 0
                 while True:
                     v = int(flags[c, src])
-                    if v == self.e:
+                    if self.matches(v, self.e):
                         self.stamp(f"{p}_seen{src}", c)
                         break
                     if v == -self.e:  # src faulted: take its word for who is missing
@@ -227,7 +262,7 @@ class _Launch:
                         break
                     now = time.monotonic_ns()
                     if now > deadline:
-                        mask = sum(1 << q for q in range(r.tp) if int(flags[c, q]) != self.e)
+                        mask = sum(1 << q for q in range(r.tp) if not self.matches(int(flags[c, q]), self.e))
                         self.record(phase, c, mask, now - t0)
                         break
                     spins += 1
@@ -243,3 +278,6 @@ class _Launch:
         note = torch.tensor([self.e, mask, int(phase), waited], dtype=torch.int64)
         for dst in range(r.tp):  # before any negative flag, so a peer that sees one finds this
             r._peer["fault_box"][dst][r.rank].copy_(note)
+
+
+CpuRunner.step_cls = CpuStep

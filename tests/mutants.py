@@ -1,0 +1,143 @@
+"""Planted-bug runners: the cpu backend with one bug each, of the kinds real fused kernels ship
+with. ``ffnq qualify --runner mutants:NAME`` (tests/ on PYTHONPATH) must FAIL every one.
+Each class's docstring is the one line that says what it breaks."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ffnq.backends.cpu import CpuRunner, CpuStep
+
+
+def mutant(step_cls: type[CpuStep], doc: str, **attrs) -> type[CpuRunner]:
+    return type(step_cls.__name__.lstrip("_"), (CpuRunner,), {"step_cls": step_cls, "__doc__": doc, **attrs})
+
+
+class _BiasAsWeight(CpuStep):
+    def select(self, scores):
+        biased = scores + self.w.router_bias.float()
+        idx = torch.topk(biased, self.r.model.top_k, dim=-1).indices
+        wts = biased.gather(1, idx)
+        return idx, wts / wts.sum(-1, keepdim=True)
+
+
+class _BiasIgnored(CpuStep):
+    def select(self, scores):
+        idx = torch.topk(scores, self.r.model.top_k, dim=-1).indices
+        wts = scores.gather(1, idx)
+        return idx, wts / wts.sum(-1, keepdim=True)
+
+
+class _NoRenorm(CpuStep):
+    def select(self, scores):
+        idx = torch.topk(scores + self.w.router_bias.float(), self.r.model.top_k, dim=-1).indices
+        return idx, scores.gather(1, idx)
+
+
+class _RouterBf16(CpuStep):
+    def route(self, x, pad):
+        logits = (x.bfloat16() @ self.w.router.bfloat16().T).float()
+        idx, wts = self.select(torch.sigmoid(logits))
+        order = idx.sort(-1)
+        self.r.view(self.s, "route").copy_(order.values.masked_fill(pad[:, None], -1))
+        self.r.view(self.s, "route_w").copy_(wts.gather(1, order.indices).masked_fill(pad[:, None], 0))
+        return idx, wts
+
+
+class _PaddingToExperts(CpuStep):
+    @staticmethod
+    def padding(slots):
+        return torch.zeros_like(slots, dtype=torch.bool)
+
+
+class _EpochAtLeast(CpuStep):
+    @staticmethod
+    def matches(v, e):
+        return v >= e
+
+
+class _EpochStuck(CpuStep):
+    @staticmethod
+    def next_epoch(e):
+        return 1
+
+
+class _InjectIgnored(CpuStep):
+    def arrive_late(self):
+        pass
+
+
+class _TimeoutIgnored(CpuStep):
+    def deadline(self, t0):
+        return t0 + 10**15
+
+
+class _EpsWrong(CpuStep):
+    def norm(self, h):
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * self.w.post_norm.float()
+
+
+class _OwnPartTwice(CpuStep):
+    def gather(self, region):
+        rows = self.r._peer[region][self.r.rank][self.par, :, : self.s].float()
+        return rows.sum(0) + (rows[self.r.rank] if region == "seam" else 0)
+
+
+class _ReduceSkipsLast(CpuStep):
+    def gather(self, region):
+        rows = self.r._peer[region][self.r.rank][self.par, :, : self.s].float()
+        return rows[:-1].sum(0) if region == "moe" and self.r.tp > 1 else rows.sum(0)
+
+
+class _LastChunkShort(CpuStep):
+    def cols(self):
+        c = list(self.r._cols)
+        c[-1] = slice(c[-1].start, c[-1].stop - 1)
+        return c
+
+
+class _SiluOnUp(CpuStep):
+    def experts(self, x, idx, wts, pad):
+        r, w = self.r, self.w
+        y = torch.zeros_like(x)
+        half = w.w13.shape[1] // 2
+        for e in torch.unique(idx[~pad]).tolist():
+            rows, k = torch.nonzero((idx == e) & ~pad[:, None], as_tuple=True)
+            w13, w2 = r.expert(w, e)
+            gu = x[rows] @ w13.T
+            y.index_add_(0, rows, ((gu[:, :half] * F.silu(gu[:, half:])) @ w2.T) * wts[rows, k, None])
+        return y
+
+
+class _ResetKeepsScratch(CpuStep):
+    pass
+
+
+def _reset_keeps_scratch(self):
+    from ffnq.dist import barrier
+    barrier()
+    for name in ("flags", "fault_box"):
+        self._peer[name][self.rank].zero_()
+    self.epoch.zero_()
+    barrier()
+
+
+BiasAsWeight = mutant(_BiasAsWeight, "the biased scores used as the expert weights")
+BiasIgnored = mutant(_BiasIgnored, "the selection bias ignored: top-k of the plain scores")
+NoRenorm = mutant(_NoRenorm, "the chosen weights not renormalised to sum 1")
+RouterBf16 = mutant(_RouterBf16, "router logits computed in bf16 instead of fp32")
+PaddingToExperts = mutant(_PaddingToExperts, "padding rows (slot < 0) sent to experts")
+EpochAtLeast = mutant(_EpochAtLeast, "a wait accepts flag >= epoch instead of == epoch")
+EpochStuck = mutant(_EpochStuck, "the epoch not moved on by the step")
+InjectIgnored = mutant(_InjectIgnored, "the inject tensor ignored")
+TimeoutIgnored = mutant(_TimeoutIgnored, "waits never time out")
+EpsWrong = mutant(_EpsWrong, "RMSNorm eps 1e-5 instead of the model's 1e-6")
+OwnPartTwice = mutant(_OwnPartTwice, "this rank's own part counted twice in the seam")
+ReduceSkipsLast = mutant(_ReduceSkipsLast, "the MoE reduce skips the last rank")
+LastChunkShort = mutant(_LastChunkShort, "off-by-one: the last CTA's chunk misses its last column")
+SiluOnUp = mutant(_SiluOnUp, "SiLU applied to the up projection instead of the gate")
+ResetKeepsScratch = mutant(_ResetKeepsScratch, "reset() leaves every width's scratch as it was",
+                           reset=_reset_keeps_scratch)
+
+ALL = {name: cls for name, cls in globals().items()
+       if isinstance(cls, type) and issubclass(cls, CpuRunner) and cls is not CpuRunner}
