@@ -54,9 +54,14 @@ def run_ranks(fn, world: int, *args, timeout: float = 120.0, **kwargs) -> list:
         end = time.monotonic() + timeout
         while len(out) < world:
             try:
-                rank, status, val = q.get(timeout=max(0.1, end - time.monotonic()))
+                rank, status, val = q.get(timeout=0.5)
             except queue.Empty:
-                raise TimeoutError(f"ranks {sorted(set(range(world)) - set(out))} did not finish in {timeout}s")
+                dead = [r for r, p in enumerate(procs) if r not in out and p.exitcode not in (None, 0)]
+                if dead:  # died without a word (killed, or crashed at start): fail fast, named
+                    raise RuntimeError(f"rank(s) {dead} died with exit code(s) {[procs[r].exitcode for r in dead]}")
+                if time.monotonic() > end:
+                    raise TimeoutError(f"ranks {sorted(set(range(world)) - set(out))} did not finish in {timeout}s")
+                continue
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed: {val}")
             out[rank] = val

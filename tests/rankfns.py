@@ -32,8 +32,8 @@ def _check(job, runner, s, case, padding=0, final=False):
     }
 
 
-def correctness(rank, world, widths, experts="all", timeline=False):
-    job = setup("cpu", "tiny", experts, TIMEOUT, seed=3)
+def correctness(rank, world, widths, experts="all", timeline=False, timeout=TIMEOUT):
+    job = setup("cpu", "tiny", experts, timeout, seed=3)
     r = job.runner(widths=widths, timeline=timeline)
     r.warm(job.weights)
     out = []
