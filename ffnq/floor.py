@@ -1,0 +1,57 @@
+"""The floor a fused decode step cannot beat, measured on the GPU it runs on.
+
+    floor_us = touched expert-shard bytes / HBM read bandwidth + 2 x one-shot link latency
+
+The bandwidth comes from a read-only reduction over buffers several times the L2, rotated so
+no timed read hits the cache; the link latency from the smallest one-shot all-reduce through
+symmetric memory (one row of the model), timed by CUDA-graph replay. TP1 has no link term.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from ffnq.timing import time_steps
+
+L2_MULTIPLE = 4  # read sets together this many times the L2, so each read comes from HBM
+
+
+def hbm_read_gbps(device: torch.device, mbytes: int = 256) -> float:
+    """Read-only bandwidth (GB/s, bytes read only): one graph reads every buffer of a set
+    several times the L2, so each read comes from HBM."""
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+    n = mbytes << 20
+    sets = max(2, -(-L2_MULTIPLE * l2 // n))
+    bufs = [torch.randint(-2**30, 2**30, (n // 4,), dtype=torch.int32, device=device) for _ in range(sets)]
+
+    def read_all():
+        for b in bufs:
+            b.sum(dtype=torch.int64)
+
+    us = statistics.median(time_steps(read_all, 10, device=device, graph=True))
+    return sets * n / us / 1e3
+
+
+def link_latency_us(hidden: int, device: torch.device) -> float:
+    """One-shot all-reduce of one bf16 row through torch symmetric memory (0 at TP1)."""
+    import torch.distributed as dist
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return 0.0
+    import torch.distributed._symmetric_memory as symm_mem
+    group = dist.group.WORLD.group_name
+    buf = symm_mem.empty(hidden, dtype=torch.bfloat16, device=device)
+    symm_mem.rendezvous(buf, group)
+    buf.normal_()
+    dist.barrier()
+    reps = 20  # one sample = 20 back-to-back one-shots, so the graph launch is amortised
+
+    def oneshot():
+        for _ in range(reps):
+            torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)
+
+    return statistics.median(time_steps(oneshot, 20, barrier=dist.barrier, device=device, graph=True)) / reps
+
+
+def floor_us(touched_experts: int, expert_bytes: int, read_gbps: float, link_us: float) -> float:
+    return touched_experts * expert_bytes / (read_gbps * 1e3) + 2 * link_us
