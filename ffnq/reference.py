@@ -44,8 +44,20 @@ def route(x: torch.Tensor, w: FullWeights, spec: ModelSpec):
     return idx, wts / wts.sum(-1, keepdim=True), tie
 
 
+def expert64(w: FullWeights, e: int, block: int, cache: dict | None = None):
+    """Expert ``e`` dequantized to fp64 (w1, w3, w2); ``cache`` keeps them across steps."""
+    if cache is not None and e in cache:
+        return cache[e]
+    dt = torch.float64
+    got = tuple(dequant(getattr(w, f"w{i}")[e], getattr(w, f"s{i}")[e], block, dt) for i in (1, 3, 2))
+    if cache is not None:
+        cache[e] = got
+    return got
+
+
 def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor, w: FullWeights,
-         spec: ModelSpec, experts: Experts = Experts.ALL) -> Reference:
+         spec: ModelSpec, experts: Experts = Experts.ALL, cache: dict | None = None) -> Reference:
+    """``cache``: a dict the caller keeps, for repeated steps on one set of weights."""
     dt = torch.float64
     dev = residual.device
     h = residual.to(dt) + sum(p.to(dt) for p in parts)
@@ -57,9 +69,8 @@ def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor,
         for e in torch.unique(idx[~pad]).tolist():
             rows, k = torch.nonzero((idx == e) & ~pad[:, None], as_tuple=True)
             xe = x[rows]
-            g = xe @ dequant(w.w1[e], w.s1[e], spec.block, dt).T
-            u = xe @ dequant(w.w3[e], w.s3[e], spec.block, dt).T
-            y = (F.silu(g) * u) @ dequant(w.w2[e], w.s2[e], spec.block, dt).T
+            w1, w3, w2 = expert64(w, e, spec.block, cache)
+            y = (F.silu(xe @ w1.T) * (xe @ w3.T)) @ w2.T
             out.index_add_(0, rows, y * wts[rows, k, None])
     order = idx.sort(-1)
     chosen = order.values.masked_fill(pad[:, None], -1)

@@ -1,0 +1,143 @@
+"""soak, one rank: many random steps, every one checked, with optional chaos.
+
+Each step draws its width, padding rows, ``final`` and which of the runners (sharing one peer
+buffer, so one epoch) from (seed, step) alone, so every rank agrees with no communication.
+Checks: every rank's output checksum must equal every other's, every step; rank ``step % tp``
+also compares the step with the fp64 reference (all steps on cpu; one in ``check_every`` on a
+GPU). A mismatch whose output matches an earlier step's expected output of the same width is
+counted as a stale match too (data from another epoch). A fault ends the job: the rank raises
+it after writing its counts, so the report keeps every step that finished.
+
+Chaos: ``kill_rank`` ends itself with SIGKILL at ``at_step``; ``hang_rank`` stops arriving
+(sleeps) at ``at_step``; the others must report it within their timeout.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+from ffnq import reference
+from ffnq.errors import RankFault
+from ffnq.jobs.rank import setup
+from ffnq.jobs.records import Records, main
+
+SOAK_CASE = 7_000_001  # input stream of the soak, apart from qualify's cases
+CHECKPOINT_STEPS = 1000
+HANG_S = 24 * 3600  # the launcher's deadline or torchrun's teardown ends it first
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def draw(seed: int, step: int, widths: list[int], random_padding: bool, runners: int):
+    g = random.Random(seed * 1_000_003 + step)
+    s = g.choice(widths)
+    padding = g.randint(0, s) if random_padding else 0
+    return s, padding, g.random() < 0.5, g.randrange(runners)
+
+
+def checksum(out: torch.Tensor, res_out: torch.Tensor) -> torch.Tensor:
+    return torch.stack([out.double().sum(), out.double().abs().sum(), res_out.double().sum()]).cpu()
+
+
+class Soak:
+    def __init__(self, opts: dict, rec: Records):
+        self.opts, self.rec = opts, rec
+        self.job = setup(opts["backend"], opts["model"], opts["experts"], opts["timeout_s"], opts["seed"])
+        self.rank, self.tp = self.job.rank, self.job.tp
+        self.runners = [self.job.runner(opts["widths"]) for _ in range(opts.get("runners", 2))]
+        for r in self.runners:
+            r.warm(self.job.weights)
+        gpu = self.job.device.type != "cpu"
+        self.check_every = opts.get("check_every") or (100 if gpu else 1)
+        self.cache: dict = {}
+        self.history: dict[int, deque] = {}
+        self.n = dict(steps=0, checked=0, mismatches=0, stale=0, disagree=0, faults=0)
+        self.rss0 = rss_mb()
+
+    def counts(self, t0: float) -> dict:
+        dt = time.perf_counter() - t0
+        return {"rank": self.rank, **self.n, "steps_per_s": self.n["steps"] / dt if dt else 0.0,
+                "rss_start_mb": round(self.rss0, 1), "rss_end_mb": round(rss_mb(), 1), "wall_s": round(dt, 2)}
+
+    def run(self) -> None:
+        o = self.opts
+        steps = o["steps"]
+        t0 = time.perf_counter()
+        for step in range(steps):
+            if step == o.get("at_step"):
+                self.chaos()
+            s, padding, final, ri = draw(o["seed"], step, o["widths"], o.get("random_padding", True),
+                                         len(self.runners))
+            r = self.runners[ri]
+            parts, residual, slots = self.job.inputs(s, SOAK_CASE, step, padding)
+            out, res_out = r(parts[self.rank], residual, self.job.weights, slots, final=final)
+            fault = r.fault(s)
+            if fault:
+                self.n["faults"] += 1
+                self.rec.row("soak", self.counts(t0) | {"ended": f"fault at step {step}"})
+                raise RankFault(fault)
+            self.check(step, s, parts, residual, slots, out, res_out, r)
+            self.n["steps"] += 1
+            if (step + 1) % CHECKPOINT_STEPS == 0:
+                self.rec.progress(step + 1, steps, f"{self.n['mismatches']} mismatches")
+                self.rec.write("checkpoint", **self.counts(t0))
+        self.rec.row("soak", self.counts(t0) | {"ended": "ok"})
+
+    def chaos(self) -> None:
+        o = self.opts
+        if o.get("kill_rank") == self.rank:
+            self.rec.write("chaos", what=f"rank {self.rank} kills itself (SIGKILL) at step {o['at_step']}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if o.get("hang_rank") == self.rank:
+            self.rec.write("chaos", what=f"rank {self.rank} stops arriving at step {o['at_step']}")
+            time.sleep(HANG_S)
+
+    def check(self, step, s, parts, residual, slots, out, res_out, r) -> None:
+        # every step: all ranks hold the same reduced output
+        mine = checksum(out, res_out)
+        if self.tp > 1:
+            got = [torch.zeros_like(mine) for _ in range(self.tp)]
+            dist.all_gather(got, mine)
+            if any(not torch.equal(g, mine) for g in got):
+                self.n["disagree"] += 1
+                self.n["mismatches"] += 1
+                self.rec.row("mismatch", {"step": step, "width": s, "rank": self.rank, "why": "ranks disagree"})
+                return
+        if step % self.tp != self.rank or (step // self.tp) % self.check_every:
+            return
+        self.n["checked"] += 1
+        ref = reference.step(parts, residual, slots, self.job.full, self.job.model, self.job.experts, self.cache)
+        c, cr = reference.compare(out, ref.out), reference.compare(res_out, ref.res_out)
+        route = r.view(s, "route").long().cpu()
+        route_ok = bool(((route == ref.chosen).all(-1) | ref.near_tie).all())
+        ok = c["rel_err"] <= reference.MAX_REL_ERR and c["wrong"] == 0 and cr["wrong"] == 0 and route_ok
+        hist = self.history.setdefault(s, deque(maxlen=4))
+        if not ok:
+            self.n["mismatches"] += 1
+            stale = any(reference.compare(out, old)["wrong"] == 0 for old in hist)
+            self.n["stale"] += stale
+            self.rec.row("mismatch", {"step": step, "width": s, "rank": self.rank, "stale": stale,
+                                      "rel_err": c["rel_err"], "wrong": c["wrong"], "route_ok": route_ok,
+                                      "worst": c["worst"]})
+        hist.append(ref.out)
+
+
+def body(opts: dict, rec: Records) -> None:
+    soak = Soak(opts, rec)
+    try:
+        soak.run()
+    finally:
+        soak.job.close()
+
+
+if __name__ == "__main__":
+    main(body)
