@@ -1,0 +1,72 @@
+"""The step a PyTorch user would write from stock parts (issue 11's baselines (b) and (c)):
+
+    h   = all_reduce(part) + residual; x = F.rms_norm(h) ; fp32 router, sigmoid, biased top-k
+    y   = torch._grouped_mm over the chosen (row, expert) pairs, bf16 experts, SiLU-gated
+    out = all_reduce(y)
+
+``allreduce="nccl"`` uses dist.all_reduce (b); ``"symm"`` uses torch.ops.symm_mem.
+one_shot_all_reduce on a symmetric-memory staging buffer (c). Every shape is fixed by the
+width (all s*top_k pairs go through the grouped GEMM, padding pairs with weight 0), so the
+step captures into a CUDA graph. Experts are dequantized to bf16 once, at build.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ffnq.spec import Experts, ModelSpec
+from ffnq.weights import RankWeights, dequant
+
+
+class Stock:
+    def __init__(self, w: RankWeights, spec: ModelSpec, tp: int, experts: Experts, device,
+                 allreduce: str = "nccl"):
+        if experts is Experts.NONE:
+            raise ValueError("the stock composition needs experts (all or local)")
+        self.spec, self.tp, self.w, self.allreduce = spec, tp, w, allreduce
+        self.first = w.first_expert if experts is Experts.LOCAL else 0
+        self.n = w.w13.shape[0]
+        # grouped GEMM wants [G, K, N]: x [pairs, K] @ w[g] -> [pairs, N]
+        self.w13 = dequant(w.w13, w.s13, spec.block, torch.bfloat16).transpose(1, 2).contiguous()
+        self.w2 = dequant(w.w2, w.s2, spec.block, torch.bfloat16).transpose(1, 2).contiguous()
+        self.half = self.w13.shape[2] // 2
+        self.device = torch.device(device)
+        self.group = dist.group.WORLD.group_name if tp > 1 else None
+        if tp > 1 and allreduce == "symm":
+            import torch.distributed._symmetric_memory as symm_mem
+            self.stage = symm_mem.empty(spec.max_tokens * spec.hidden, dtype=torch.bfloat16, device=self.device)
+            symm_mem.rendezvous(self.stage, self.group)
+
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.tp == 1:
+            return t
+        if self.allreduce == "symm":
+            buf = self.stage[: t.numel()].view_as(t)
+            buf.copy_(t)
+            return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", self.group)
+        dist.all_reduce(t)
+        return t
+
+    def __call__(self, part, residual, weights, slots, final=False):
+        m, s = self.spec, part.shape[0]
+        h = self._all_reduce(part.clone()).float() + residual.float()
+        x = F.rms_norm(h, (m.hidden,), self.w.post_norm.float(), m.eps)
+        scores = torch.sigmoid(x @ self.w.router.float().T)
+        idx = torch.topk(scores + self.w.router_bias.float(), m.top_k, dim=-1).indices
+        wts = scores.gather(1, idx)
+        wts = wts / wts.sum(-1, keepdim=True)
+        # pairs sorted by local expert; another rank's expert (LOCAL) or a padding row: weight 0
+        local = idx - self.first
+        keep = (local >= 0) & (local < self.n) & (slots[:s] >= 0)[:, None]
+        wts = torch.where(keep, wts, torch.zeros_like(wts))
+        e = local.clamp(0, self.n - 1).flatten()
+        order = torch.argsort(e, stable=True)
+        rows = torch.arange(s, device=part.device).repeat_interleave(m.top_k)[order]
+        offs = torch.cumsum(torch.bincount(e, minlength=self.n), 0).to(torch.int32)
+        xs = x.to(torch.bfloat16)[rows]
+        gu = torch._grouped_mm(xs, self.w13, offs=offs)
+        a = F.silu(gu[:, : self.half]) * gu[:, self.half:]
+        ys = torch._grouped_mm(a, self.w2, offs=offs) * wts.flatten()[order, None].to(torch.bfloat16)
+        y = torch.zeros(s, m.hidden, dtype=torch.float32, device=part.device).index_add_(0, rows, ys.float())
+        return self._all_reduce(y.to(torch.bfloat16)), h.to(torch.bfloat16)
