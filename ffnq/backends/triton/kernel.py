@@ -17,11 +17,14 @@ One launch of BLOCKS co-resident CTAs (cooperative launch) per step does, for on
               dequantized fp8->bf16 in registers, bf16 x, fp32 accumulate, block scale applied
               per 128x128 block; act[j] = silu(g)*u*routing weight (bf16 scratch).
      -- grid barrier 3 --
-  D  stage 2  CTA c computes the MoE partial of its column chunk (the reduce chunk): sum over
-              active experts of act[j] @ w2[j][chunk]^T (fp8->bf16, scale per block column).
+  D  stage 2  work items (active expert j, BH-column tile of H): ypart[j] = act[j] @ w2[e_j]^T
+              for that tile (fp8->bf16, one scale per 128x128 block), fp32 scratch.
+     -- grid barrier 4 --
+  E  sum      CTA c sums ypart over j in slot order for its column chunk (deterministic), the
+              MoE partial of the chunk;
      reduce   push the chunk to every peer's moe slot, publish REDUCE flags, wait, sum in rank
               order -> out.
-  E  handshake (final != 0): publish HANDSHAKE flags to every peer, wait for every peer's.
+  F  handshake (FINAL, a constexpr: its own compiled variant): publish HANDSHAKE flags to every peer, wait for every peer's.
      end      last CTA out stores the epoch e (so a CUDA-graph replay uses e+1 next time).
 
 Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] grid-barrier
@@ -31,10 +34,11 @@ timeout_ns from the start of that phase's wait; on expiry the first faulting CTA
 scratch fault record and fault_box[rank] on every peer, and every later wait of the rank is
 skipped (the rank-wide marker is fault[epoch] == e). Grid barriers are always passed.
 
-STAGE = 0 runs everything in one launch. STAGE = 1..4 runs one part per launch with no grid
-barrier (the launch boundary is the barrier): the interpreter (TRITON_INTERPRET=1) runs CTAs
-one after another, so only that split can run there (TP1: a rank's own flags are set before
-it waits on them).
+STAGE = 0 runs everything in one launch. STAGE > 0 runs one part per launch with no grid
+barrier (the launch boundary is the barrier), in the order STAGES below: the interpreter
+(TRITON_INTERPRET=1) runs CTAs one after another, so only that split can run there. Every
+publish is in a stage before its wait (1 -> 6, 5 -> 7, 7 -> 8), so several ranks in one process
+can run stage by stage, interleaved (a TP2 check on a CPU).
 """
 import triton
 import triton.language as tl
@@ -51,6 +55,7 @@ F_AT = tl.constexpr(7)
 PH_SEAM = tl.constexpr(0)
 PH_REDUCE = tl.constexpr(1)
 PH_HANDSHAKE = tl.constexpr(2)
+CLOCK_LANES = tl.constexpr(1024)  # >= threads of a CTA (32 warps x 32, 16 waves x 64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,6 +86,20 @@ def now_ns(IS_HIP: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
+def now_u(IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+    """now_ns made CTA-uniform (a max over the CTA): every thread of a wait loop must take the
+    same branch, since the loop body holds barriers (a per-thread timer read lets threads leave
+    a spin at different iterations -> mismatched bar.sync -> hang or garbage).
+    The tensor must span every thread: a [32] tensor is replicated per warp and its max is a
+    warp shuffle only (no cross-warp step, checked in the PTX), i.e. uniform per warp, not per CTA."""
+    if INTERP:
+        t = tl.full((), 0, tl.int64)
+    else:
+        t = tl.max(tl.zeros([CLOCK_LANES], tl.int64) + now_ns(IS_HIP, INTERP), axis=0)
+    return t
+
+
+@triton.jit
 def _backoff(IS_HIP: tl.constexpr, INTERP: tl.constexpr):
     if not INTERP:
         if IS_HIP:
@@ -89,6 +108,17 @@ def _backoff(IS_HIP: tl.constexpr, INTERP: tl.constexpr):
         else:
             tl.inline_asm_elementwise("nanosleep.u32 32;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
                                       is_pure=False, pack=1)
+
+
+@triton.jit
+def _mm_t(a, b, INTERP: tl.constexpr):
+    """a [M,K] bf16 @ b[N,K]^T (b: fp8 codes, converted to bf16 in registers) -> fp32 [M,N].
+    The interpreter's bf16 dot is wrong (3.6): it gets fp32 operands instead."""
+    if INTERP:
+        r = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
+    else:
+        r = tl.dot(a, tl.trans(b.to(tl.bfloat16)))
+    return r
 
 
 @triton.jit
@@ -162,8 +192,10 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.conste
     """Wait for flags[PHASE][pid][src] == e for every src on this rank's buffer, bounded.
     Skipped (one look only) once the rank has faulted in this launch."""
     mine = _peer_base(peers, rank)
-    t0 = now_ns(IS_HIP, INTERP)
+    t0 = now_u(IS_HIP, INTERP)
     deadline = t0 + timeout_ns
+    if INTERP:  # no clock there: one look, then it counts as expired (lets a CPU test fault a wait)
+        deadline = t0 - 1
     if _rank_faulted(fault, e):
         deadline = t0 - 1
     missing = tl.zeros((), tl.int32)
@@ -176,7 +208,7 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.conste
         while not done:
             _backoff(IS_HIP, INTERP)
             v = _poll(f, "relaxed")
-            t = now_ns(IS_HIP, INTERP)
+            t = now_u(IS_HIP, INTERP)
             done = (v == e) | (v == -e) | (t > deadline)
             if not done:
                 done = _rank_faulted(fault, e)
@@ -190,7 +222,7 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.conste
                 missing = missing | (1 << src)
         deadline = tl.where(_rank_faulted(fault, e), t0 - 1, deadline)
     tl.debug_barrier()
-    waited = now_ns(IS_HIP, INTERP) - t0
+    waited = now_u(IS_HIP, INTERP) - t0
     if missing != 0:
         _record_fault(fault, peers, e, PHASE, rank, missing, waited, pid, now_ns(IS_HIP, INTERP), P_FBOX, TP,
                       True)
@@ -217,14 +249,14 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
             tl.atomic_xchg(words + 1, 0, sem="relaxed", scope="gpu")
             tl.atomic_add(words + 2, 1, sem="release", scope="gpu")
         else:
-            t0 = now_ns(IS_HIP, INTERP)
+            t0 = now_u(IS_HIP, INTERP)
             deadline = t0 + 4 * timeout_ns
             g = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
             t = t0
             while (g == g0) & (t <= deadline):
                 _backoff(IS_HIP, INTERP)
                 g = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
-                t = now_ns(IS_HIP, INTERP)
+                t = now_u(IS_HIP, INTERP)
             if g == g0:
                 _record_fault(fault, words, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
         tl.debug_barrier()
@@ -233,13 +265,13 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["rank", "first_expert", "final"])
+@triton.jit(do_not_specialize=["rank", "first_expert"])
 def ffn_kernel(
     part, residual, slots, out, res_out,  # [S,H] bf16, [S,H] bf16, [>=S] i64, [S,H] bf16, [S,H] bf16
     post_norm, router, router_bias,  # [H] f32, [E,H] f32, [E] f32
     w13, s13, w2, s2,  # [NLOC,2*I_R,H] fp8, [NLOC,2*I_R/128,H/128] f32, [NLOC,H,I_R] fp8, [NLOC,H/128,I_R/128]
     scratch, peers, epoch, inject,  # *i8 this width's scratch, *i64 [TP] peer buffers, *i32 words, *i32 [2]
-    params, rank, first_expert, final,  # *i64 [timeout_ns], i32, i32, i32
+    cfg, rank, first_expert,  # *i64 [timeout_ns] (an arg named "params" breaks the JIT binder), i32, i32
     S: tl.constexpr, H: tl.constexpr, E: tl.constexpr, EP2: tl.constexpr, K: tl.constexpr,
     KP2: tl.constexpr, I_R: tl.constexpr, MODE: tl.constexpr, NLOC: tl.constexpr, TP: tl.constexpr,
     MT: tl.constexpr, BLOCKS: tl.constexpr, NCH: tl.constexpr, NCHP2: tl.constexpr, CH: tl.constexpr,
@@ -248,8 +280,10 @@ def ffn_kernel(
     P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, P_SEAM: tl.constexpr, P_MOE: tl.constexpr,
     SC_FAULT: tl.constexpr, SC_TL: tl.constexpr, SC_ROUTE: tl.constexpr, SC_ROUTEW: tl.constexpr,
     SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
-    SC_ELIST: tl.constexpr, SC_META: tl.constexpr, SC_ACT: tl.constexpr, NCOL: tl.constexpr,
+    SC_ELIST: tl.constexpr, SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
+    SC_WTAB: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
+    FINAL: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -269,7 +303,7 @@ def ffn_kernel(
     C_END: tl.constexpr = 9 + 3 * TP
 
     pid = tl.program_id(0)
-    timeout_ns = tl.load(params)
+    timeout_ns = tl.load(cfg)
     fault = _as(scratch, SC_FAULT, tl.int64)
     tl_row = _as(scratch, SC_TL, tl.int64) + pid * NCOL
     words = epoch
@@ -293,11 +327,11 @@ def ffn_kernel(
             who = tl.load(inject)
             if who == rank + 1:
                 delay = tl.load(inject + 1).to(tl.int64)
-                t0 = now_ns(IS_HIP, INTERP)
+                t0 = now_u(IS_HIP, INTERP)
                 t = t0
                 while t - t0 < delay:
                     _backoff(IS_HIP, INTERP)
-                    t = now_ns(IS_HIP, INTERP)
+                    t = now_u(IS_HIP, INTERP)
         offs = rows[:, None] * H + ccols[None, :]
         p = tl.load(part + offs, mask=m2, other=0.0)
         for dst in tl.static_range(TP):
@@ -306,8 +340,10 @@ def ffn_kernel(
         val = tl.where(_rank_faulted(fault, e), -e, e)
         _publish(peers, pid, rank, val, PH_SEAM, P_FLAGS, TP, BLOCKS)
         _stamp(tl_row, C_SEAM_ARRIVE, IS_HIP, INTERP, TIMELINE)
+    if (STAGE == 0) | (STAGE == 6):
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
                     C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE)
+        offs = rows[:, None] * H + ccols[None, :]
         h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)
         for src in tl.static_range(TP):  # rank order: every rank sums the same values the same way
             seam = _as(mine, P_SEAM + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
@@ -332,12 +368,16 @@ def ffn_kernel(
             hc = tl.load(hbase + offs, mask=m2, other=0.0)
             pn = tl.load(post_norm + ccols, mask=cmask, other=0.0)
             xc = hc * rstd[:, None] * pn[None, :]
-            tl.store(_as(scratch, SC_X, tl.bfloat16) + offs, xc.to(tl.bfloat16), mask=m2)
+            # x as a pair of bf16 (hi + lo): bf16 MMAs with ~16 mantissa bits of activation
+            xh = xc.to(tl.bfloat16)
+            xl = (xc - xh.to(tl.float32)).to(tl.bfloat16)
+            tl.store(_as(scratch, SC_X, tl.bfloat16) + offs, xh, mask=m2)
+            tl.store(_as(scratch, SC_X, tl.bfloat16) + S * H + offs, xl, mask=m2)
         if pid * EPC < E:
             ecol = pid * EPC + tl.arange(0, EPCP2)
             emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
             acc = tl.zeros((SP, EPCP2), tl.float32)
-            for k0 in range(0, H, BKH):
+            for k0 in range(0, H, BKH):  # (a static unroll here spills on CDNA and slows compiles)
                 kk = k0 + tl.arange(0, BKH)
                 kmask = kk < H
                 hk = tl.load(hbase + rows[:, None] * H + kk[None, :], mask=rmask[:, None] & kmask[None, :],
@@ -378,6 +418,11 @@ def ffn_kernel(
             active = tl.where((ecols >= first_expert) & (ecols < first_expert + NLOC), active, 0)
         slot_of = tl.cumsum(active, axis=0) - 1
         n_active = tl.sum(active, axis=0)
+        # this CTA's copy of the routing weights, transposed [E][SP]: a work item reads its expert's
+        # column from here instead of keeping the [SP, E] tensor live in registers
+        wtab = _as(scratch, SC_WTAB, tl.float32) + pid * (EP2 * SP)
+        tl.store(wtab + ecols[None, :] * SP + rows[:, None], wsel)
+        tl.debug_barrier()
         if pid == 0:
             pos = tl.cumsum(sel, axis=1) - 1
             rte = _as(scratch, SC_ROUTE, tl.int32)
@@ -399,11 +444,12 @@ def ffn_kernel(
             act = _as(scratch, SC_ACT, tl.bfloat16)
             nn = tl.arange(0, BN)
             kc2 = tl.arange(0, BK)
-            for w in range(pid, n_items, BLOCKS):
+            w = pid  # while loops: the interpreter cannot range() over a runtime scalar
+            while w < n_items:
                 j = w // NT
                 t = w % NT
                 ej = tl.sum(tl.where((active > 0) & (slot_of == j), ecols, 0), axis=0)
-                wt = tl.sum(tl.where(ecols[None, :] == ej, wsel, 0.0), axis=1)  # [SP]
+                wt = tl.load(wtab + ej * SP + rows)  # [SP]
                 le = ej.to(tl.int64)
                 if MODE == 1:
                     le = (ej - first_expert).to(tl.int64)
@@ -412,40 +458,70 @@ def ffn_kernel(
                 r1 = t * BN + nn  # rows of w1 (gate); w3 (up) rows are I_R further
                 acc_g = tl.zeros((SP, BN), tl.float32)
                 acc_u = tl.zeros((SP, BN), tl.float32)
-                for k0 in range(0, H, BK):
-                    xk = tl.load(xb + rows[:, None] * H + k0 + kc2[None, :], mask=rmask[:, None], other=0.0)
-                    wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :]).to(tl.bfloat16)
-                    wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :]).to(tl.bfloat16)
+                for k0 in tl.range(0, H, BK, num_stages=NS):
+                    xo = rows[:, None] * H + k0 + kc2[None, :]
+                    xk = tl.load(xb + xo, mask=rmask[:, None], other=0.0)
+                    xl = tl.load(xb + S * H + xo, mask=rmask[:, None], other=0.0)
+                    wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
+                    wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128)
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128)
-                    acc_g += tl.dot(xk, tl.trans(wg)) * sg
-                    acc_u += tl.dot(xk, tl.trans(wu)) * su
+                    acc_g += (_mm_t(xk, wg, INTERP) + _mm_t(xl, wg, INTERP)) * sg
+                    acc_u += (_mm_t(xk, wu, INTERP) + _mm_t(xl, wu, INTERP)) * su
                 a = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u * wt[:, None]
                 tl.store(act + (j * SP + rows[:, None]).to(tl.int64) * I_R + r1[None, :], a.to(tl.bfloat16))
+                w += BLOCKS
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_REDUCE, BLOCKS, IS_HIP, INTERP, STAGE)
 
-    # ------------------------------------------------------------------------------ D: stage 2 + reduce
+    # ------------------------------------------------------------------------------ D: experts stage 2
+    # work items (active expert j, BH-column tile of H): ypart[j, :S, tile] = act[j] @ w2[e_j][tile]^T
     if (STAGE == 0) | (STAGE == 4):
+        if MODE != 2:
+            n_act = tl.load(_as(scratch, SC_META, tl.int32))
+            act = _as(scratch, SC_ACT, tl.bfloat16)
+            elist = _as(scratch, SC_ELIST, tl.int32)
+            ypart = _as(scratch, SC_YPART, tl.float32)
+            ki = tl.arange(0, 128)
+            hh = tl.arange(0, BH)
+            NHT: tl.constexpr = H // BH
+            w = pid
+            while w < n_act * NHT:
+                j = w // NHT
+                t = w % NHT
+                ej = tl.load(elist + j)
+                le = ej.to(tl.int64)
+                if MODE == 1:
+                    le = (ej - first_expert).to(tl.int64)
+                wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
+                sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
+                yt = tl.zeros((SP, BH), tl.float32)
+                for k0 in tl.range(0, I_R, 128, num_stages=NS):
+                    a = tl.load(act + (j * SP + rows[:, None]).to(tl.int64) * I_R + k0 + ki[None, :],
+                                mask=rmask[:, None], other=0.0)
+                    wq = tl.load(wbase + k0 + ki[None, :])
+                    yt += _mm_t(a, wq, INTERP) * tl.load(sbase + k0 // 128)
+                tl.store(ypart + (j * S + rows[:, None]).to(tl.int64) * H + t * BH + hh[None, :], yt,
+                         mask=rmask[:, None])
+                w += BLOCKS
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_REDUCE, BLOCKS, IS_HIP, INTERP, STAGE)
+
+    # ------------------------------------------------------------------------------ E: sum + reduce
+    if (STAGE == 0) | (STAGE == 5):
         y = tl.zeros((SP, CHP2), tl.float32)
         if MODE != 2:
             if pid < NCH:
+                # this chunk's MoE partial: the experts' parts summed in slot order (deterministic)
                 n_act = tl.load(_as(scratch, SC_META, tl.int32))
-                act = _as(scratch, SC_ACT, tl.bfloat16)
-                elist = _as(scratch, SC_ELIST, tl.int32)
-                ki = tl.arange(0, 128)
-                for j in range(0, n_act):
-                    ej = tl.load(elist + j)
-                    le = ej.to(tl.int64)
-                    if MODE == 1:
-                        le = (ej - first_expert).to(tl.int64)
-                    wbase = w2 + le * (H * I_R)
-                    sbase = s2 + le * ((H // 128) * (I_R // 128))
-                    for k0 in range(0, I_R, 128):
-                        a = tl.load(act + (j * SP + rows[:, None]).to(tl.int64) * I_R + k0 + ki[None, :])
-                        wq = tl.load(wbase + ccols[:, None] * I_R + k0 + ki[None, :], mask=cmask[:, None],
-                                     other=0.0).to(tl.bfloat16)
-                        sc = tl.load(sbase + (ccols // 128) * (I_R // 128) + k0 // 128, mask=cmask, other=0.0)
-                        y += tl.dot(a, tl.trans(wq)) * sc[None, :]
+                ypart = _as(scratch, SC_YPART, tl.float32)
+                jj = tl.arange(0, JB)
+                yo = rows[:, None] * H + ccols[None, :]
+                j0 = n_act * 0
+                while j0 < n_act:
+                    js = j0 + jj
+                    v = tl.load(ypart + (js[:, None, None] * S * H).to(tl.int64) + yo[None, :, :],
+                                mask=(js < n_act)[:, None, None] & m2[None, :, :], other=0.0)
+                    y += tl.sum(v, axis=0)
+                    j0 += JB
         _stamp(tl_row, C_EXPERTS_DONE, IS_HIP, INTERP, TIMELINE)
         offs = rows[:, None] * H + ccols[None, :]
         yb = y.to(tl.bfloat16)
@@ -455,8 +531,10 @@ def ffn_kernel(
         val = tl.where(_rank_faulted(fault, e), -e, e)
         _publish(peers, pid, rank, val, PH_REDUCE, P_FLAGS, TP, BLOCKS)
         _stamp(tl_row, C_RED_ARRIVE, IS_HIP, INTERP, TIMELINE)
+    if (STAGE == 0) | (STAGE == 7):
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_REDUCE, P_FLAGS, P_FBOX, TP, BLOCKS,
                     C_RED_SEEN, IS_HIP, INTERP, TIMELINE)
+        offs = rows[:, None] * H + ccols[None, :]
         o = tl.zeros((SP, CHP2), tl.float32)
         for src in tl.static_range(TP):
             moe = _as(mine, P_MOE + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
@@ -464,11 +542,13 @@ def ffn_kernel(
         tl.store(out + offs, o.to(tl.bfloat16), mask=m2)
         _stamp(tl_row, C_RED_DONE, IS_HIP, INTERP, TIMELINE)
 
-        # -------------------------------------------------------------------------- E: handshake, end
-        if final != 0:
+        # -------------------------------------------------------------------------- F: handshake, end
+        if FINAL:
             val = tl.where(_rank_faulted(fault, e), -e, e)
             _publish(peers, pid, rank, val, PH_HANDSHAKE, P_FLAGS, TP, BLOCKS)
             _stamp(tl_row, C_HS_ARRIVE, IS_HIP, INTERP, TIMELINE)
+    if (STAGE == 0) | (STAGE == 8):
+        if FINAL:
             _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_HANDSHAKE, P_FLAGS, P_FBOX, TP,
                         BLOCKS, C_HS_SEEN, IS_HIP, INTERP, TIMELINE)
             _stamp(tl_row, C_HS_DONE, IS_HIP, INTERP, TIMELINE)
@@ -490,8 +570,12 @@ def clock_kernel(out, IS_HIP: tl.constexpr):
 # host-side specialisation (plain Python: shared by the runner and the offline compiler)
 # ---------------------------------------------------------------------------------------------
 MODES = {"all": 0, "local": 1, "none": 2}
+STAGES = (1, 6, 2, 3, 4, 5, 7, 8)  # seam push/publish, seam wait+sum, router, top-k+stage 1, stage 2,
+#                                    sum+reduce push/publish, reduce wait+out (+handshake publish), handshake wait+end
+NUM_STAGES_EXPERTS = 4  # software-pipeline depth of the two expert GEMM loops (bytes in flight per SM)
+NUM_STAGES_HIP = 2
 ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
-             "w2", "s2", "scratch", "peers", "epoch", "inject", "params", "rank", "first_expert", "final")
+             "w2", "s2", "scratch", "peers", "epoch", "inject", "cfg", "rank", "first_expert")
 
 
 def _p2(n: int) -> int:
@@ -511,10 +595,12 @@ def geometry(key) -> dict:
     epcp2 = _p2(epc)
     nslot = min(key.tokens * m.top_k, nloc) if mode != "none" else 0
     # stage-1 tile rows: more, smaller items when few experts are active (spread them over the grid)
-    bn = 32 if key.tokens <= 4 else 64
+    bn = 64
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
         bn //= 2
-    return dict(H=H, E=E, EP2=_p2(E), K=m.top_k, KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc,
+    bh = 128
+    jb = max(1, min(8, 2048 // (16 * max(16, _p2(ch)))))
+    return dict(BH=bh, JB=jb, NS=NUM_STAGES_EXPERTS, H=H, E=E, EP2=_p2(E), K=m.top_k, KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc,
                 TP=key.tp, MT=m.max_tokens, BLOCKS=blocks, NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)),
                 EPC=epc, EPCP2=epcp2, BKH=max(16, min(_p2(H), 8192 // (16 * epcp2))), BN=bn, EPS=float(m.eps),
                 NSLOT=nslot)
@@ -525,26 +611,30 @@ def scratch_extra(key) -> list:
     import torch
     g = geometry(key)
     S, H = key.tokens, g["H"]
-    out = [("h", torch.float32, (S, H)), ("x", torch.bfloat16, (S, H)), ("ssq", torch.float32, (g["NCH"], 16)),
+    out = [("h", torch.float32, (S, H)), ("x", torch.bfloat16, (2, S, H)), ("ssq", torch.float32, (g["NCH"], 16)),
            ("logits", torch.float32, (16, g["E"])), ("elist", torch.int32, (max(1, g["NSLOT"]),)),
-           ("meta", torch.int32, (4,))]
+           ("meta", torch.int32, (4,)), ("wtab", torch.float32, (key.blocks, g["EP2"], 16))]
     if g["NSLOT"]:
         out.append(("act", torch.bfloat16, (g["NSLOT"], 16, g["I_R"])))
+        out.append(("ypart", torch.float32, (g["NSLOT"], S, H)))
     return out
 
 
-def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False, stage: int = 0) -> dict:
+def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False, stage: int = 0,
+               final: bool = False) -> dict:
     """Every constexpr of ffn_kernel for one build. ``layout``/``peer``: spec scratch/peer layouts."""
     from ffnq.spec import stamp_names
     g = geometry(key)
     g.pop("NSLOT")
     sc = {"SC_FAULT": "fault", "SC_TL": "timeline", "SC_ROUTE": "route", "SC_ROUTEW": "route_w", "SC_H": "h",
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_ELIST": "elist", "SC_META": "meta",
-          "SC_ACT": "act"}
+          "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
+    if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
+        g["NS"] = NUM_STAGES_HIP
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
-             IS_HIP=bool(is_hip), INTERP=bool(interp), STAGE=int(stage))
+             IS_HIP=bool(is_hip), INTERP=bool(interp), STAGE=int(stage), FINAL=bool(final))
     return g
 
 
@@ -552,5 +642,5 @@ def signature(fp8: str = "fp8e4nv") -> dict:
     ptr = {"part": "*bf16", "residual": "*bf16", "slots": "*i64", "out": "*bf16", "res_out": "*bf16",
            "post_norm": "*fp32", "router": "*fp32", "router_bias": "*fp32", "w13": f"*{fp8}", "s13": "*fp32",
            "w2": f"*{fp8}", "s2": "*fp32", "scratch": "*u8", "peers": "*i64", "epoch": "*i32", "inject": "*i32",
-           "params": "*i64", "rank": "i32", "first_expert": "i32", "final": "i32"}
+           "cfg": "*i64", "rank": "i32", "first_expert": "i32"}
     return ptr

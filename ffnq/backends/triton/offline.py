@@ -1,0 +1,230 @@
+"""Ahead-of-time compile of the fused kernel with no GPU (sm_90, gfx942, gfx950) and the static
+residency of every width.
+
+The compile goes through the same path as a launch: the JIT's own argument binder specialises
+stand-in CPU tensors (dtype, 16-byte alignment) exactly as it would the device tensors, so the
+ASTSource (signature, constexprs, attributes), the options and hence Triton's cache key are the
+ones a launch on that target builds. On a GPU machine this fills the cache in parallel before
+the runner's warm (``python -m ffnq.backends.triton.offline --prewarm ...``).
+
+Resources: NVIDIA from the cubin through the cuobjdump bundled in the triton wheel (REG, SHARED,
+LOCAL) and ptxas -v on the PTX (spill bytes); AMD from the amdgcn text (.vgpr_count,
+.agpr_count, .sgpr_count, spill counts, scratch, LLVM's Occupancy). Shared memory is Triton's
+dynamic ``metadata.shared`` (plus the cubin's static SHARED on sm_90).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from ffnq import residency
+from ffnq.spec import Experts, FfnBuild, ModelSpec, kernel_name, load_model, peer_layout, scratch_layout
+
+TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64)}
+NUM_WARPS = 4
+NUM_STAGES = 2
+
+
+def _target(name: str):
+    from triton.backends.compiler import GPUTarget
+    if name not in TARGETS:
+        raise ValueError(f"target {name!r}: known {', '.join(TARGETS)}")
+    return GPUTarget(*TARGETS[name])
+
+
+def build_key(model: ModelSpec, tp: int, experts: Experts, tokens: int, timeline: bool = False,
+              blocks: int | None = None, timeout_ns: int = 1_000_000_000) -> FfnBuild:
+    from ffnq.backends.triton.runner import TritonRunner
+    return FfnBuild(tokens=tokens, tp=tp, experts=Experts(experts), timeline=timeline, model=model,
+                    timeout_ns=timeout_ns, blocks=blocks or TritonRunner.BLOCKS)
+
+
+def _standins(key: FfnBuild):
+    """CPU tensors with the dtypes of a launch (the binder only reads dtype and alignment)."""
+    import torch
+    from ffnq.backends.triton import kernel as K
+    t = {n: torch.empty(16, dtype=torch.bfloat16) for n in ("part", "residual", "out", "res_out")}
+    t.update(slots=torch.empty(16, dtype=torch.int64), post_norm=torch.empty(16), router=torch.empty(16),
+             router_bias=torch.empty(16), w13=torch.empty(16, dtype=torch.float8_e4m3fn), s13=torch.empty(16),
+             w2=torch.empty(16, dtype=torch.float8_e4m3fn), s2=torch.empty(16),
+             scratch=torch.empty(16, dtype=torch.uint8), peers=torch.empty(16, dtype=torch.int64),
+             epoch=torch.empty(16, dtype=torch.int32), inject=torch.empty(16, dtype=torch.int32),
+             cfg=torch.empty(16, dtype=torch.int64), rank=0, first_expert=0)
+    return [t[n] for n in K.ARG_NAMES]
+
+
+def compile_key(key: FfnBuild, target: str, stage: int = 0, final: bool = False):
+    """The CompiledKernel of one build for one target, as the JIT would make it."""
+    import triton
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+    from triton import knobs
+    from ffnq.backends.triton import kernel as K
+    tgt = _target(target)
+    backend = make_backend(tgt)
+    fn = K.ffn_kernel
+    lay = scratch_layout(key, K.scratch_extra(key))
+    peer = peer_layout(key.model, key.tp, key.blocks)
+    cx = K.constexprs(key, lay, peer, is_hip=tgt.backend == "hip", stage=stage, final=final)
+    kwargs = dict(cx, num_warps=NUM_WARPS, num_stages=NUM_STAGES, launch_cooperative_grid=True)
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, spec, _ = binder(*_standins(key), **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, None)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=tgt, options=options.__dict__)
+
+
+def _tool(name: str) -> str:
+    import triton
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def nv_resources(ck) -> dict:
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(ck.asm["cubin"])
+        txt = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", cubin], capture_output=True,
+                             text=True).stdout
+        m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)", txt)
+        if m:
+            out.update(regs=int(m.group(1)), stack=int(m.group(2)), static_shared=int(m.group(3)),
+                       local_bytes=int(m.group(4)))
+        ptx = os.path.join(d, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(ck.asm["ptx"])
+        log = subprocess.run([_tool("ptxas"), "-v", f"--gpu-name=sm_{ck.metadata.target.arch}a", ptx, "-o",
+                              os.path.join(d, "k.o")], capture_output=True, text=True).stderr
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        out["spills"] = int(m.group(1)) if m else out.get("local_bytes", 0)
+    mma = sorted(set(re.findall(r"(wgmma\.mma_async[\w.]*|mma\.sync\.aligned\.[\w.]*)", ck.asm["ptx"])))
+    out["mma"] = ",".join(mma)
+    return out
+
+
+AMD_KEYS = {"vgpr": r"\.vgpr_count:\s+(\d+)", "agpr": r"\.agpr_count:\s+(\d+)", "sgpr": r"\.sgpr_count:\s+(\d+)",
+            "vgpr_spill": r"\.vgpr_spill_count:\s+(\d+)", "sgpr_spill": r"\.sgpr_spill_count:\s+(\d+)",
+            "scratch_bytes": r"\.private_segment_fixed_size:\s+(\d+)", "llvm_occupancy": r"; Occupancy:\s+(\d+)",
+            "num_vgprs": r"; NumVgprs:\s+(\d+)", "num_agprs": r"; NumAgprs:\s+(\d+)"}
+
+
+def amd_resources(ck) -> dict:
+    asm = ck.asm["amdgcn"]
+    out = {}
+    for k, pat in AMD_KEYS.items():
+        m = re.search(pat, asm)
+        if m:
+            out[k] = int(m.group(1))
+    # memory spills: VGPRs to scratch (SGPR spills go to VGPR lanes, no memory traffic: reported apart)
+    out["spills"] = out.get("vgpr_spill", 0)
+    out["mma"] = ",".join(sorted(set(re.findall(r"v_mfma_\w+", asm))))
+    return out
+
+
+def width_row(key: FfnBuild, target: str, cus: int | None = None, final: bool = False) -> dict:
+    """Compile one width for one target; resources and static residency. The step's last launch
+    (``final``, with the handshake) is its own variant; the table reports the plain one."""
+    t0 = time.perf_counter()
+    ck = compile_key(key, target, final=final)
+    dt = time.perf_counter() - t0
+    shared = int(ck.metadata.shared)
+    row = {"width": key.tokens, "kernel": kernel_name(key), "compile_s": round(dt, 2), "target": target,
+           "grid": key.blocks, "shared_bytes": shared, "cus": cus or residency.CUS[target]}
+    if target == "sm_90":
+        r = nv_resources(ck)
+        per, lim = residency.occupancy_sm90(r.get("regs", 255), shared, NUM_WARPS * 32, r.get("static_shared", 0))
+        row.update(regs=r.get("regs"), spills=r.get("spills", 0), static_shared=r.get("static_shared", 0),
+                   mma=r.get("mma"))
+    else:
+        r = amd_resources(ck)
+        per, lim = residency.occupancy_cdna(r.get("num_vgprs", r.get("vgpr", 512)), r.get("num_agprs", r.get("agpr", 0)),
+                                            NUM_WARPS, shared, target, r.get("llvm_occupancy"))
+        row.update(vgpr=r.get("vgpr"), agpr=r.get("agpr"), sgpr=r.get("sgpr"), spills=r.get("spills", 0),
+                   sgpr_spills=r.get("sgpr_spill", 0), scratch_bytes=r.get("scratch_bytes", 0), mma=r.get("mma"))
+    row["ctas_per_cu"] = per
+    row["limit"] = min(lim, key=lim.get)
+    row["resident"] = per * row["cus"] >= key.blocks
+    return row
+
+
+def _row_job(args):
+    model, tp, experts, tokens, timeline, blocks, target, cus, final = args
+    key = build_key(model, tp, Experts(experts), tokens, timeline, blocks)
+    try:
+        row = width_row(key, target, cus, final)
+        row["final"] = final
+        return row
+    except Exception as e:  # noqa: BLE001 - one failed width is a row, not a crash
+        return {"width": tokens, "kernel": kernel_name(key), "target": target, "error": f"{type(e).__name__}: {e}"[:500],
+                "grid": key.blocks, "resident": False}
+
+
+def offline_table(model: ModelSpec | str, tp: int, experts: Experts | str, target: str, widths=None,
+                  timeline: bool = False, blocks: int | None = None, cus: int | None = None,
+                  jobs: int | None = None, final: bool | str = False) -> list[dict]:
+    """One row per width: width, kernel, compile_s, target, regs (sm_90) or vgpr/agpr/sgpr (AMD), spills,
+    shared_bytes, ctas_per_cu, cus, grid, resident. Widths compile in parallel processes.
+    ``final``: False (the plain variant), True (the handshake variant) or "both" (fills a cache)."""
+    model = load_model(model) if isinstance(model, str) else model
+    experts = Experts(experts)
+    model.check(tp, experts)
+    _target(target)
+    widths = list(widths or range(1, model.max_tokens + 1))
+    finals = (False, True) if final == "both" else (bool(final),)
+    jobs_in = [(model, tp, experts.value, s, timeline, blocks, target, cus, f) for s in widths for f in finals]
+    n = jobs or min(len(jobs_in), os.cpu_count() or 1)
+    if n <= 1:
+        return [_row_job(j) for j in jobs_in]
+    import multiprocessing as mp
+    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork")) as ex:
+        return list(ex.map(_row_job, jobs_in))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="AOT-compile the ffnq Triton kernel; print resources/residency")
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--experts", default="all")
+    ap.add_argument("--target", default="sm_90", help="sm_90, gfx942, gfx950 or a comma list")
+    ap.add_argument("--widths", default=None, help="e.g. 1,2,16 or 1-16 (default: all)")
+    ap.add_argument("--timeline", action="store_true")
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--final", default="no", choices=["no", "yes", "both"],
+                    help="compile the plain variant, the final (handshake) one, or both (to fill a cache)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    widths = None
+    if a.widths:
+        widths = []
+        for part in a.widths.split(","):
+            lo, _, hi = part.partition("-")
+            widths += list(range(int(lo), int(hi or lo) + 1))
+    rows = []
+    t0 = time.perf_counter()
+    for tg in a.target.split(","):
+        fin = {"no": False, "yes": True, "both": "both"}[a.final]
+        rows += offline_table(a.model, a.tp, a.experts, tg, widths, timeline=a.timeline, jobs=a.jobs, final=fin)
+    for r in rows:
+        regs = r.get("regs") if "regs" in r else (f"v{r.get('vgpr')}/a{r.get('agpr')}/s{r.get('sgpr')}"
+                                                  f" sgpr_spills={r.get('sgpr_spills')}")
+        print(f"{r['target']:7s} s={r['width']:2d}{' final' if r.get('final') else ''} {r.get('compile_s', '-'):>6}s regs={regs} spills={r.get('spills')} "
+              f"shared={r.get('shared_bytes')} ctas/cu={r.get('ctas_per_cu')} ({r.get('limit')}) x {r.get('cus')} "
+              f"grid={r['grid']} resident={r['resident']} {r.get('error', '')}")
+    print(f"total wall {time.perf_counter() - t0:.1f}s", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""TritonRunner: the fused persistent kernel of kernel.py behind the ffnq runner contract.
+
+One compiled kernel per width (tokens S is a constexpr), launched as a cooperative grid of
+BLOCKS CTAs. Under TRITON_INTERPRET=1 (CPU, TP1 only) each step runs as four launches
+(STAGE 1..5), since the interpreter runs CTAs one after another and grid barriers would hang.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from ffnq.backends.triton import kernel as K
+from ffnq.errors import UsageError
+from ffnq.runner import PeerBuffer, Runner
+from ffnq.spec import Experts, ModelSpec, kernel_name, view
+
+
+def _interp() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+class TritonRunner(Runner):
+    backend = "triton"
+    BLOCKS = 128  # <= 132 SMs of an H200 at 1 CTA/SM; 256/304 CUs of MI355X/MI300X
+    NUM_WARPS = 4
+    THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
+    _buffers: dict[int, torch.Tensor] = {}  # peer-buffer address -> the tensor that owns it
+
+    # ---- peer buffers -----------------------------------------------------------------------
+    @classmethod
+    def open_peers(cls, model: ModelSpec, tp: int, rank: int, device, tag: str) -> PeerBuffer:
+        import torch.distributed as dist
+        nbytes = cls.peer_bytes(model, tp)
+        dev = torch.device(device)
+        if tp == 1 and not (dist.is_available() and dist.is_initialized()):
+            buf = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
+            addr = buf.data_ptr()
+            cls._buffers[addr] = buf
+            return PeerBuffer(addr, torch.tensor([addr], dtype=torch.int64, device=dev), nbytes,
+                              close=lambda: cls._buffers.pop(addr, None), keep=[buf])
+        import torch.distributed._symmetric_memory as symm_mem
+        buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=dev)
+        buf.zero_()
+        hdl = symm_mem.rendezvous(buf, dist.group.WORLD.group_name)
+        ptrs = [int(p) for p in hdl.buffer_ptrs]
+        if len(ptrs) != tp:
+            raise UsageError(f"peer buffers: {len(ptrs)} ranks in the process group, tp={tp}")
+        torch.cuda.synchronize(dev)
+        dist.barrier()
+        addr = ptrs[rank]
+        cls._buffers[addr] = buf
+        cls._buffers[buf.data_ptr()] = buf
+
+        def close():
+            cls._buffers.pop(addr, None)
+            cls._buffers.pop(buf.data_ptr(), None)
+
+        return PeerBuffer(addr, torch.tensor(ptrs, dtype=torch.int64, device=dev), nbytes, close=close,
+                          keep=[buf, hdl])
+
+    def peer_view(self, address: int) -> torch.Tensor:
+        buf = self._buffers.get(int(address))
+        if buf is None:
+            raise UsageError(f"peer buffer at {int(address):#x}: not opened by TritonRunner.open_peers")
+        return buf.view(torch.uint8)[: self.peer_bytes(self.model, self.tp)]
+
+    # ---- contract ---------------------------------------------------------------------------
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.is_hip = torch.version.hip is not None
+        self.interp = _interp()
+        self.params = torch.tensor([self.keys[self.widths[0]].timeout_ns], dtype=torch.int64, device=self.device)
+        # one compiled variant per (width, final): the handshake is a constexpr branch
+        self._cx = {(s, f): K.constexprs(k, self.layouts[s], self.peer_regions, self.is_hip, self.interp, final=f)
+                    for s, k in self.keys.items() for f in (False, True)}
+        self._info: dict[int, dict] = {}
+        self._dummy = {}
+
+    def scratch_extra(self, key) -> list:
+        return K.scratch_extra(key)
+
+    def _weights(self, w):
+        """The weight tensors the kernel reads (a one-element stand-in where a mode has none)."""
+        def dummy(dtype):
+            if dtype not in self._dummy:
+                self._dummy[dtype] = torch.zeros(16, dtype=dtype, device=self.device)
+            return self._dummy[dtype]
+        out = [w.post_norm, w.router, w.router_bias]
+        for name in ("w13", "s13", "w2", "s2"):
+            t = getattr(w, name)
+            if self.experts is Experts.NONE or t.numel() == 0:
+                t = dummy(t.dtype)
+            out.append(t)
+        return out
+
+    def _args(self, s, part, residual, slots, out, res_out, weights):
+        first = int(getattr(weights, "first_expert", 0)) if self.experts is Experts.LOCAL else 0
+        return [part, residual, slots, out, res_out, *self._weights(weights), self.scratch[s], self.peers,
+                self.epoch, self.inject, self.params, self.rank, first]
+
+    def _launch(self, s, args, final=False):
+        cx = self._cx[(s, bool(final))]
+        if self.interp:
+            for stage in K.STAGES:
+                self._launch_stage(s, args, stage, final)
+            return None
+        return K.ffn_kernel[(self.BLOCKS,)](*args, **cx, num_warps=self.NUM_WARPS, num_stages=2,
+                                            launch_cooperative_grid=True)
+
+    def _launch_stage(self, s, args, stage, final=False):
+        """One part of the step (STAGE > 0, no grid barrier inside): the interpreter's path."""
+        cx = dict(self._cx[(s, bool(final))], STAGE=stage)
+        K.ffn_kernel[(self.BLOCKS,)](*args, **cx, num_warps=self.NUM_WARPS)
+
+    def staged(self, part, residual, weights, slots, final=False):
+        """The step as a list of per-stage callables (for running several ranks of one process
+        interleaved, stage by stage, under the interpreter) and its (out, res_out)."""
+        s = self.check_inputs(part, residual, slots)
+        out, res_out = torch.empty_like(part), torch.empty_like(residual)
+        args = self._args(s, part, residual, slots, out, res_out, weights)
+        return [lambda st=st: self._launch_stage(s, args, st, final) for st in K.STAGES], (out, res_out)
+
+    def warm(self, weights, compute_units: int | None = None) -> None:
+        from ffnq import residency
+        m = self.model
+        for s in self.widths:
+            t0 = time.perf_counter()
+            part = torch.zeros(s, m.hidden, dtype=torch.bfloat16, device=self.device)
+            slots = torch.zeros(m.max_tokens, dtype=torch.int64, device=self.device)
+            args = self._args(s, part, part.clone(), slots, part.clone(), part.clone(), weights)
+            info = {"kernel": kernel_name(self.keys[s]), "grid": self.BLOCKS, "threads": self.THREADS}
+            if self.interp:
+                info.update(compile_s=0.0, note="TRITON_INTERPRET=1: not compiled")
+                self._info[s] = info
+                continue
+            for final in (True, False):  # the non-final variant's resources are the ones reported
+                ck = K.ffn_kernel.warmup(*args, grid=(self.BLOCKS,), **self._cx[(s, final)],
+                                         num_warps=self.NUM_WARPS, num_stages=2, launch_cooperative_grid=True)
+            ck._init_handles()
+            info.update(compile_s=round(time.perf_counter() - t0, 3), n_regs=ck.n_regs, n_spills=ck.n_spills,
+                        shared_bytes=ck.metadata.shared)
+            threads = self.NUM_WARPS * (64 if self.is_hip else 32)
+            try:
+                per = residency.live_ctas_per_cu(ck.function, threads, ck.metadata.shared, hip=self.is_hip)
+            except Exception as e:  # noqa: BLE001 - keep warm going, report why
+                per = None
+                info["residency_error"] = f"{type(e).__name__}: {e}"[:200]
+            if per is not None:
+                self.residency[s] = per
+                info["ctas_per_cu"] = per
+            self._info[s] = info
+            if compute_units is not None and per is not None:
+                info["cus"] = compute_units
+                info["resident"] = per * compute_units >= self.BLOCKS
+                residency.check(info["kernel"], per, compute_units, self.BLOCKS)
+
+    def describe(self, width: int) -> dict:
+        return dict(self._info.get(width, {"kernel": kernel_name(self.keys[width]), "grid": self.BLOCKS}))
+
+    def __call__(self, part, residual, weights, slots, final=False):
+        s = self.check_inputs(part, residual, slots)
+        out = torch.empty_like(part)
+        res_out = torch.empty_like(residual)
+        self._launch(s, self._args(s, part, residual, slots, out, res_out, weights), final)
+        return out, res_out
+
+    def reset(self) -> None:
+        import torch.distributed as dist
+        coll = dist.is_available() and dist.is_initialized()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if coll:
+            dist.barrier()
+        for buf in self.scratch.values():
+            buf.zero_()
+        for name in ("flags", "fault_box"):
+            view(self.own, self.peer_regions[name]).zero_()
+        self.epoch.zero_()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if coll:
+            dist.barrier()
+
+    def clock_ns(self) -> int:
+        if self.device.type != "cuda" or self.interp:
+            return time.monotonic_ns()
+        t = torch.zeros(1, dtype=torch.int64, device=self.device)
+        K.clock_kernel[(1,)](t, IS_HIP=self.is_hip)
+        return int(t.item())

@@ -1,0 +1,293 @@
+"""One device round for the Triton backend (run by scripts/device_round.sh; TP>1 under torchrun).
+
+Per model: warm every width (live residency), correctness against the fp64 reference at every
+width (fresh random inputs, a padding row, routing compared), a replay/stale check, optional
+injection under/over the timeout with the timeline (TP>1), recovery after reset, and CUDA-graph
+timing of a few widths. Prints one compact table (rank 0) and writes JSON under $OUT.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from ffnq import reference
+from ffnq.backends.triton import TritonRunner
+from ffnq.spec import Experts, load_model, stamp_names
+from ffnq.weights import shard, synthetic
+
+RANK = int(os.environ.get("RANK", 0))
+WORLD = int(os.environ.get("WORLD_SIZE", 1))
+OUT = os.environ.get("OUT", "/tmp")
+ROWS = []
+
+
+def log(*a):
+    if RANK == 0:
+        print(*a, flush=True)
+
+
+def gather(obj):
+    if WORLD == 1:
+        return [obj]
+    got = [None] * WORLD
+    dist.all_gather_object(got, obj)
+    return got
+
+
+def barrier():
+    torch.cuda.synchronize()
+    if WORLD > 1:
+        dist.barrier()
+
+
+def inputs(spec, s, seed, pad=True):
+    g = torch.Generator().manual_seed(seed)
+    parts = [torch.randn(s, spec.hidden, generator=g).to(torch.bfloat16) for _ in range(WORLD)]
+    resid = torch.randn(s, spec.hidden, generator=g).to(torch.bfloat16)
+    slots = torch.arange(s, dtype=torch.int64)
+    if pad and s >= 3:
+        slots[s // 2] = -1
+    return parts, resid, slots
+
+
+VERBOSE = os.environ.get("FFNQ_VERBOSE") == "1"
+
+
+def check(r, full, spec, w, s, seed, dev, experts, final=False):
+    if VERBOSE:
+        print(f"[rank {RANK}] check s={s} final={final} timeline={r.timeline} inject={r.inject.tolist()}", flush=True)
+    parts, resid, slots = inputs(spec, s, seed)
+    p, q, sl = parts[RANK].to(dev), resid.to(dev), slots.to(dev)
+    barrier()  # ranks start a step together (the host-side reference below takes uneven time)
+    out, res = r(p, q, w, sl, final=final)
+    torch.cuda.synchronize()
+    ref = reference.step([p.to(dev) for p in parts], resid.to(dev), slots.to(dev), full, spec, experts)
+    keep = (slots >= 0).to(dev)
+    c = reference.compare(out, ref.out, rows=torch.nonzero(keep).flatten())
+    cr = reference.compare(res, ref.res_out)
+    route = r.view(s, "route").long()
+    nt = ~ref.near_tie
+    route_ok = bool((route[nt] == ref.chosen[nt]).all())
+    rw_err = float((r.view(s, "route_w").double() - ref.weights).abs().max())
+    pad_zero = bool((out[~keep].float() == 0).all()) if (~keep).any() else True
+    f = r.fault(s)
+    ok = c["rel_err"] <= 1e-2 and cr["rel_err"] <= 1e-2 and route_ok and pad_zero and f is None and rw_err < 1e-4
+    return dict(ok=ok, rel_err=round(c["rel_err"], 5), wrong=c["wrong"], res_rel=round(cr["rel_err"], 5),
+                route_ok=route_ok, rw_err=rw_err, pad_zero=pad_zero, fault=f, epoch=int(r.epoch[0]),
+                touched=int(torch.unique(ref.chosen[keep.cpu()]).numel()) if keep.any() else 0)
+
+
+def bench(r, spec, w, s, dev, calls=20, reps=7):
+    parts, resid, slots = inputs(spec, s, 99 + s, pad=False)
+    p, q, sl = parts[RANK].to(dev), resid.to(dev), slots.to(dev)
+    for _ in range(3):
+        r(p, q, w, sl)
+    barrier()
+    g = torch.cuda.CUDAGraph()
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                r(p, q, w, sl)
+    torch.cuda.current_stream().wait_stream(st)
+    barrier()
+    ts = []
+    for _ in range(reps):
+        barrier()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1000 / calls)
+    f = r.fault(s)
+    # eager single launch, host clock (includes Python launch overhead)
+    barrier()
+    t0 = time.perf_counter()
+    r(p, q, w, sl)
+    torch.cuda.synchronize()
+    eager = (time.perf_counter() - t0) * 1e6
+    return dict(us_p50=round(statistics.median(ts), 2), us_min=round(min(ts), 2), fault=f is not None,
+                eager_us=round(eager, 1))
+
+
+def profile(rt, full, spec, w, dev, experts):
+    """Per-phase medians over CTAs (us) from the in-kernel timeline."""
+    cols = {n: i for i, n in enumerate(stamp_names(WORLD))}
+    out = {}
+    for s in rt.widths:
+        parts, resid, slots = inputs(spec, s, 31 + s, pad=False)
+        for _ in range(3):
+            rt(parts[RANK].to(dev), resid.to(dev), w, slots.to(dev))
+        torch.cuda.synchronize()
+        t = rt.view(s, "timeline").cpu().double()
+
+        def d(a, b):
+            return round(float((t[:, cols[b]] - t[:, cols[a]]).median()) / 1e3, 2)
+        out[s] = dict(seam=d("start", "seam_done"), router=d("seam_done", "router_done"),
+                      experts=d("router_done", "experts_done"), reduce=d("experts_done", "reduce_done"),
+                      end=d("reduce_done", "end"), total=d("start", "end"),
+                      skew_start=round(float(t[:, 0].max() - t[:, 0].min()) / 1e3, 2))
+    return out
+
+
+def inject_cases(r_tl, full, spec, w, dev, experts, timeout_s):
+    """TP>1: the last rank delays under and over the timeout; recovery after reset."""
+    s = r_tl.widths[0]
+    late = WORLD - 1
+    out = []
+    cols = {n: i for i, n in enumerate(stamp_names(WORLD))}
+    for name, delay in (("under", int(timeout_s * 0.2e9)), ("over", int(timeout_s * 3e9))):
+        r_tl.reset()
+        r_tl.inject.copy_(torch.tensor([late + 1, delay], dtype=torch.int32))
+        barrier()
+        t0 = time.perf_counter()
+        res = check(r_tl, full, spec, w, s, 500 + len(out), dev, experts, final=True)
+        wall = time.perf_counter() - t0
+        tl = r_tl.view(s, "timeline").cpu()
+        wait_ns = int((tl[:, cols[f"seam_seen{late}"]] - tl[:, cols["seam_arrive"]]).median())
+        f = res["fault"]
+        row = dict(case=name, rank=RANK, delay_ms=delay / 1e6, wall_ms=round(wall * 1e3, 1),
+                   seam_wait_ms=round(wait_ns / 1e6, 3), fault=f)
+        if name == "under":
+            row["ok"] = res["ok"] and f is None and (RANK == late or wait_ns > delay * 0.5)
+            row["rel_err"] = res["rel_err"]
+        else:
+            row["ok"] = f is not None and f.get("missing_ranks") == [late]
+        out.append(row)
+        r_tl.inject.zero_()
+        barrier()
+    # recovery
+    r_tl.reset()
+    res = check(r_tl, full, spec, w, s, 777, dev, experts, final=True)
+    out.append(dict(case="recover", rank=RANK, ok=res["ok"], rel_err=res["rel_err"], fault=res["fault"]))
+    return out
+
+
+def run_model(name, widths, bench_widths, experts, dev, timeout_s, do_inject, sms, prof=()):
+    spec = load_model(name)
+    t0 = time.perf_counter()
+    full = synthetic(spec, seed=3, device=dev)
+    w = shard(full, spec, WORLD, RANK, experts, device=dev)
+    pb = TritonRunner.open_peers(spec, WORLD, RANK, dev, f"ffnq-{name}")
+    r = TritonRunner(WORLD, RANK, pb.sym, pb.peers, dev, widths=widths, experts=experts, model=spec,
+                     timeout=timeout_s)
+    t1 = time.perf_counter()
+    warm_err = None
+    try:
+        r.warm(w, compute_units=sms)
+    except RuntimeError as e:
+        warm_err = str(e)
+    t2 = time.perf_counter()
+    log(f"== {name} tp{WORLD} {experts.value}: weights {t1 - t0:.1f}s warm {t2 - t1:.1f}s {warm_err or ''}")
+    for s in widths:
+        d = r.describe(s)
+        if s in (widths[0], widths[-1]) or d.get("n_spills"):
+            log(f"   s={s} regs={d.get('n_regs')} spills={d.get('n_spills')} shared={d.get('shared_bytes')} "
+                f"ctas/sm={d.get('ctas_per_cu')} compile_s={d.get('compile_s')}")
+    r.reset()
+    res = {}
+    for s in widths:
+        res[s] = check(r, full, spec, w, s, 1000 * s + 1, dev, experts, final=(s % 4 == 0))
+    # replay check: same inputs twice -> bitwise the same out
+    s = widths[-1]
+    parts, resid, slots = inputs(spec, s, 4242)
+    o1, _ = r(parts[RANK].to(dev), resid.to(dev), w, slots.to(dev))
+    o2, _ = r(parts[RANK].to(dev), resid.to(dev), w, slots.to(dev))
+    torch.cuda.synchronize()
+    same = bool(torch.equal(o1, o2))
+    allr = gather(res)
+    for s in widths:
+        rows = [a[s] for a in allr]
+        ok = all(x["ok"] for x in rows)
+        worst = max(rows, key=lambda x: x["rel_err"])
+        ROWS.append(dict(model=name, tp=WORLD, experts=experts.value, width=s, ok=ok, **{k: worst[k] for k in (
+            "rel_err", "wrong", "res_rel", "route_ok", "rw_err", "pad_zero", "touched")},
+            faults=[x["fault"] for x in rows if x["fault"]]))
+    log(f"   correctness: {sum(x['ok'] for x in ROWS if x['model'] == name and x['experts'] == experts.value)}"
+        f"/{len(widths)} widths pass; max rel_err "
+        f"{max(x['rel_err'] for x in ROWS if x['model'] == name and x['experts'] == experts.value):.4g}; "
+        f"replay identical={same}")
+    for x in ROWS:
+        if x["model"] == name and x["experts"] == experts.value and not x["ok"]:
+            log("   FAIL", json.dumps(x, default=str))
+    b = {}
+    for s in bench_widths:
+        if s in widths:
+            b[s] = bench(r, spec, w, s, dev)
+    ball = gather(b)
+    for s in b:
+        per = [a[s] for a in ball]
+        touched = res[s]["touched"] or spec.top_k
+        floor_us = touched * spec.expert_bytes(WORLD, experts) / 4.0e6
+        log(f"   bench s={s:2d}: p50 {max(x['us_p50'] for x in per):8.2f} us/step (graph, max over ranks; "
+            f"min {min(x['us_min'] for x in per):.2f}) eager {per[0]['eager_us']:.0f} us; touched~{touched} "
+            f"floor@4TB/s {floor_us:.1f} us; faults={any(x['fault'] for x in per)}")
+        ROWS.append(dict(model=name, tp=WORLD, experts=experts.value, width=s, bench=per, floor_us=floor_us))
+    if prof:
+        rp = TritonRunner(WORLD, RANK, pb.sym, pb.peers, dev, widths=prof, experts=experts, model=spec,
+                          timeline=True, timeout=timeout_s)
+        rp.warm(w)
+        pr = gather(profile(rp, full, spec, w, dev, experts))
+        for s in prof:
+            log(f"   profile s={s:2d} (us, median over CTAs; rank 0): {json.dumps(pr[0][s])}")
+        ROWS.append(dict(model=name, tp=WORLD, profile=pr))
+    inj = None
+    if do_inject and WORLD > 1 and experts is Experts.ALL:
+        rt = TritonRunner(WORLD, RANK, pb.sym, pb.peers, dev, widths=[4], experts=experts, model=spec,
+                          timeline=True, timeout=timeout_s)
+        rt.warm(w)
+        inj = gather(inject_cases(rt, full, spec, w, dev, experts, timeout_s))
+        for rows in zip(*inj):
+            log("   inject", rows[0]["case"], "ok" if all(x["ok"] for x in rows) else "FAIL",
+                json.dumps([{k: v for k, v in x.items() if k != "case"} for x in rows], default=str))
+            ROWS.append(dict(model=name, tp=WORLD, inject=rows))
+    barrier()
+    del r
+    pb.close()
+    return
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="tiny,minimax-m2")
+    ap.add_argument("--widths", default="1-16")
+    ap.add_argument("--bench", default="1,2,4,8,16")
+    ap.add_argument("--experts", default="all")
+    ap.add_argument("--timeout", type=float, default=0.2)
+    ap.add_argument("--inject", action="store_true")
+    ap.add_argument("--profile", default="", help="widths to profile with the timeline (model minimax-m2 only)")
+    a = ap.parse_args()
+    lo, _, hi = a.widths.partition("-")
+    widths = list(range(int(lo), int(hi or lo) + 1)) if "," not in a.widths else [int(x) for x in a.widths.split(",")]
+    bw = [int(x) for x in a.bench.split(",") if x]
+    dev = torch.device("cuda", RANK)
+    torch.cuda.set_device(dev)
+    if WORLD > 1:
+        dist.init_process_group("nccl", device_id=dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    log(f"device {torch.cuda.get_device_name(dev)} sms={sms} world={WORLD} torch {torch.__version__}")
+    for name in a.models.split(","):
+        for ex in a.experts.split(","):
+            try:
+                prof = [int(x) for x in a.profile.split(",") if x] if name == "minimax-m2" else []
+                run_model(name, widths, bw, Experts(ex), dev, a.timeout, a.inject, sms, prof)
+            except Exception as e:  # noqa: BLE001
+                import traceback
+                print(f"[rank {RANK}] {name} {ex}: {type(e).__name__}: {e}", flush=True)
+                traceback.print_exc()
+    with open(os.path.join(OUT, f"triton_tp{WORLD}_rank{RANK}.json"), "w") as f:
+        json.dump(ROWS, f, indent=1, default=str)
+    if WORLD > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

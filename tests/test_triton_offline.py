@@ -1,0 +1,169 @@
+"""The Triton kernel compiles with no GPU for sm_90, gfx942 and gfx950, and the offline table
+reports resources and static residency (a grid too large for the chip is not resident)."""
+import os
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from ffnq import residency  # noqa: E402
+from ffnq.backends.triton import offline  # noqa: E402
+from ffnq.spec import Experts, load_model  # noqa: E402
+
+TARGETS = ["sm_90", "gfx942", "gfx950"]
+KEYS = {"width", "kernel", "compile_s", "target", "spills", "shared_bytes", "ctas_per_cu", "cus", "grid", "resident"}
+
+
+@pytest.fixture(scope="module")
+def tables():
+    spec = load_model("tiny")
+    return {t: offline.offline_table(spec, 2, Experts.ALL, t, widths=[1, 16]) for t in TARGETS}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_table_rows(tables, target):
+    rows = tables[target]
+    assert [r["width"] for r in rows] == [1, 16]
+    for r in rows:
+        assert "error" not in r, r.get("error")
+        assert KEYS <= set(r), KEYS - set(r)
+        assert r["target"] == target and r["grid"] == 128 and r["cus"] == residency.CUS[target]
+        assert r["kernel"].startswith("ffn_tiny_s") and r["compile_s"] > 0
+        assert r["ctas_per_cu"] >= 1 and r["resident"] is True
+        assert r["spills"] == 0
+        if target == "sm_90":
+            assert 0 < r["regs"] <= 255
+            assert "mma" in r["mma"]
+        else:
+            assert r["vgpr"] > 0 and r["sgpr"] > 0
+            assert r["mma"].startswith("v_mfma")
+
+
+def test_grid_too_large_is_not_resident():
+    spec = load_model("tiny")
+    rows = offline.offline_table(spec, 1, Experts.ALL, "sm_90", widths=[2], blocks=4096, jobs=1)
+    (r,) = rows
+    assert "error" not in r, r.get("error")
+    assert r["grid"] == 4096 and r["resident"] is False
+    assert r["ctas_per_cu"] * r["cus"] < 4096
+
+
+def test_local_and_none_modes_compile():
+    spec = load_model("tiny")
+    for ex in (Experts.LOCAL, Experts.NONE):
+        (r,) = offline.offline_table(spec, 2, ex, "sm_90", widths=[3], jobs=1)
+        assert "error" not in r, r.get("error")
+        assert r["resident"]
+
+
+def test_static_formulas():
+    # sm_90: 255 regs x 128 threads -> 2 CTAs/SM; 64 regs -> 8 by registers (16 by threads)
+    assert residency.occupancy_sm90(255, 0, 128)[0] == 2
+    assert residency.occupancy_sm90(64, 0, 128)[0] == 8
+    assert residency.occupancy_sm90(32, 200 * 1024, 128)[0] == 1  # shared memory bound
+    # CDNA: 128 VGPRs -> 4 waves/SIMD; a 4-wave WG takes one wave per SIMD -> 4 WGs/CU
+    assert residency.occupancy_cdna(128, 0, 4, 0)[0] == 4
+    assert residency.occupancy_cdna(128, 0, 4, 40 * 1024, "gfx942")[0] == 1  # LDS bound on 64 KiB
+    assert residency.occupancy_cdna(128, 0, 4, 40 * 1024, "gfx950")[0] == 4
+    with pytest.raises(RuntimeError, match="cannot be resident"):
+        residency.check("k", 0, 132, 128)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+def test_interpreter_tp1_matches_reference():
+    """TP1 numerics on a CPU: the staged kernel under the Triton interpreter."""
+    import torch
+    from ffnq import reference
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.weights import shard, synthetic
+    spec = load_model("tiny")
+    full = synthetic(spec, seed=2)
+    w = shard(full, spec, 1, 0, Experts.ALL)
+    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
+    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[3], model=spec)
+    g = torch.Generator().manual_seed(5)
+    part = torch.randn(3, spec.hidden, generator=g).bfloat16()
+    resid = torch.randn(3, spec.hidden, generator=g).bfloat16()
+    slots = torch.tensor([0, -1, 2])
+    out, res = r(part, resid, w, slots)
+    ref = reference.step([part], resid, slots, full, spec)
+    assert reference.compare(out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] < 1e-2
+    assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
+    assert torch.equal(r.view(3, "route").long(), ref.chosen)
+    assert (out[1] == 0).all() and r.fault(3) is None
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+def test_interpreter_fault_protocol_tp2_in_one_process():
+    """Rank 0 runs alone: its seam wait expires (the interpreter has no clock: one look), it
+    records rank 1 as missing, notes it in every fault_box and publishes -e later; rank 1 then
+    learns from its fault_box that it was the missing one. Both launches end and move the epoch."""
+    import torch
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.spec import view
+    from ffnq.weights import shard, synthetic
+    spec = load_model("tiny")
+    nb = TritonRunner.peer_bytes(spec, 2)
+    bufs = [torch.zeros(nb, dtype=torch.uint8) for _ in range(2)]
+    for b in bufs:
+        TritonRunner._buffers[b.data_ptr()] = b
+    try:
+        peers = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+        full = synthetic(spec, seed=1)
+        rs = [TritonRunner(2, k, bufs[k].data_ptr(), peers, "cpu", widths=[2], model=spec, timeline=True)
+              for k in range(2)]
+        g = torch.Generator().manual_seed(3)
+        parts = [torch.randn(2, spec.hidden, generator=g).bfloat16() for _ in range(2)]
+        resid = torch.randn(2, spec.hidden, generator=g).bfloat16()
+        for k in range(2):
+            rs[k](parts[k], resid, shard(full, spec, 2, k, Experts.ALL), torch.arange(2), final=True)
+            f = rs[k].fault(2)
+            assert f is not None and f["missing_ranks"] == [1], f
+            assert int(rs[k].epoch[0]) == 1
+        flags = view(bufs[1], rs[0].peer_regions["flags"])
+        assert flags[0, 0].tolist() == [1, 1] and flags[1, 0, 0] == -1 and flags[2, 0, 0] == -1
+        assert view(bufs[1], rs[0].peer_regions["fault_box"])[0, :2].tolist() == [1, 2]
+    finally:
+        for b in bufs:
+            TritonRunner._buffers.pop(b.data_ptr(), None)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+@pytest.mark.parametrize("experts", [Experts.ALL, Experts.LOCAL, Experts.NONE])
+def test_interpreter_tp2_stage_by_stage_matches_reference(experts):
+    """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
+    the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2."""
+    import torch
+    from ffnq import reference
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.weights import shard, synthetic
+    spec, tp, S = load_model("tiny"), 2, 3
+    nb = TritonRunner.peer_bytes(spec, tp)
+    bufs = [torch.zeros(nb, dtype=torch.uint8) for _ in range(tp)]
+    for b in bufs:
+        TritonRunner._buffers[b.data_ptr()] = b
+    try:
+        peers = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
+        full = synthetic(spec, seed=4)
+        rs = [TritonRunner(tp, k, bufs[k].data_ptr(), peers, "cpu", widths=[S], model=spec, experts=experts)
+              for k in range(tp)]
+        g = torch.Generator().manual_seed(9)
+        parts = [torch.randn(S, spec.hidden, generator=g).bfloat16() for _ in range(tp)]
+        resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
+        slots = torch.tensor([0, -1, 2])
+        steps = [rs[k].staged(parts[k], resid, shard(full, spec, tp, k, experts), slots, final=True)
+                 for k in range(tp)]
+        for i in range(len(steps[0][0])):
+            for k in range(tp):
+                steps[k][0][i]()
+        ref = reference.step(parts, resid, slots, full, spec, experts)
+        for k in range(tp):
+            out, res = steps[k][1]
+            # the interpreter truncates to bf16 (no round-to-nearest): ~2x the GPU's error
+            assert reference.compare(out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] < 1e-2
+            assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
+            assert torch.equal(rs[k].view(S, "route").long(), ref.chosen)
+            assert (out[1] == 0).all() and rs[k].fault(S) is None and int(rs[k].epoch[0]) == 1
+    finally:
+        for b in bufs:
+            TritonRunner._buffers.pop(b.data_ptr(), None)
