@@ -64,9 +64,10 @@ def setup(backend: str, model: str | ModelSpec, experts: str | Experts = "all", 
     runner_cls = load_runner(backend)
     spec = load_model(model) if isinstance(model, str) else model
     experts = Experts(experts)
+    # the device first: NCCL wants each rank's GPU set before the process group exists
+    device = runner_cls.default_device(int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", 0))))
     rank, tp = init_from_env(runner_cls.DIST_BACKEND, dist_timeout_s)
     spec.check(tp, experts)
-    device = runner_cls.default_device(int(os.environ.get("LOCAL_RANK", rank)))
     full = synthetic(spec, seed, device)
     weights = shard(full, spec, tp, rank, experts)
     peers = runner_cls.open_peers(spec, tp, rank, device, shared_tag())

@@ -23,10 +23,22 @@ def _interp() -> bool:
 
 class TritonRunner(Runner):
     backend = "triton"
+    # gloo for the jobs' cpu-tensor collectives (records, clock offsets, checksums), NCCL for
+    # the baselines' device all-reduce
+    DIST_BACKEND = "cpu:gloo,cuda:nccl"
     BLOCKS = 128  # <= 132 SMs of an H200 at 1 CTA/SM; 256/304 CUs of MI355X/MI300X
     NUM_WARPS = 4
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
     _buffers: dict[int, torch.Tensor] = {}  # peer-buffer address -> the tensor that owns it
+
+    @classmethod
+    def default_device(cls, local_rank: int) -> torch.device:
+        if _interp():
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise UsageError("--backend triton: needs a GPU and this host has none (use --backend cpu)")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
 
     # ---- peer buffers -----------------------------------------------------------------------
     @classmethod
