@@ -29,12 +29,18 @@ from ffnq.errors import UsageError
 from ffnq.spec import Experts, load_model
 
 GPU_BACKENDS = ("triton", "flydsl")
+BASELINES = ("unfused", "stock-nccl", "stock-symm")
 SETUP_S = 90.0  # interpreter + torch import + process group + weights, per job, on a slow 2-core host
 MAX_INJECT_NS = 2**31 - 1  # inject ticks are int32
 
 
 class LaunchError(RuntimeError):
-    """The job ran but did not finish: a rank died, or the deadline passed."""
+    """The job ran but did not finish: a rank died, or the deadline passed. ``records`` keeps
+    what every rank wrote before that, so a report can still show what finished."""
+
+    def __init__(self, message: str, records: list[dict] | None = None):
+        super().__init__(message)
+        self.records = records or []
 
 
 @dataclass
@@ -59,9 +65,18 @@ class JobOptions:
     warmup_ms: float = 200.0
     min_steps: int = 10
     max_steps: int = 1000
-    baseline: bool = True
+    baseline: bool = True  # False: time the fused step alone
+    baselines: list[str] = field(default_factory=list)  # empty: auto (see ffnq.jobs.bench.baselines)
     # warm
     compute_units: int | None = None
+    # soak
+    steps: int = 1000
+    random_padding: bool = True
+    runners: int = 2
+    check_every: int | None = None  # None: every step on cpu, 1 in 100 on a GPU
+    kill_rank: int | None = None
+    hang_rank: int | None = None
+    at_step: int | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -136,6 +151,23 @@ def validate(opts: JobOptions) -> JobOptions:
     if opts.inject_ranks and over_delay_ns(opts.timeout_s) <= 1.5 * opts.timeout_s * 1e9:
         raise UsageError(f"--timeout {opts.timeout_s}: injection over the timeout needs a delay above 1.5 x "
                          f"timeout in int32 ns (< {MAX_INJECT_NS / 1e9:.2f} s); use --timeout <= 1.4")
+    bad = [b for b in opts.baselines if b not in BASELINES]
+    if bad:
+        raise UsageError(f"--baselines {bad[0]!r}: allowed auto, none, or a list of {', '.join(BASELINES)}")
+    if "stock-symm" in opts.baselines and (opts.tp < 2 or opts.backend not in GPU_BACKENDS):
+        raise UsageError("--baselines stock-symm: needs a GPU backend and --tp >= 2 (symmetric memory)")
+    if any(b.startswith("stock-") for b in opts.baselines) and opts.experts == "none":
+        raise UsageError("--baselines stock-*: the stock composition needs --experts all or local")
+    for name in ("kill_rank", "hang_rank"):
+        r = getattr(opts, name)
+        if r is not None and not 0 <= r < opts.tp:
+            raise UsageError(f"--{name.replace('_', '-')} {r}: allowed 0..{opts.tp - 1} (tp={opts.tp})")
+    if (opts.kill_rank is not None or opts.hang_rank is not None) and opts.at_step is None:
+        raise UsageError("--kill-rank/--hang-rank need --at-step K")
+    if opts.at_step is not None and not 0 <= opts.at_step < opts.steps:
+        raise UsageError(f"--at-step {opts.at_step}: allowed 0..{opts.steps - 1} (--steps {opts.steps})")
+    if opts.steps < 1 or opts.runners < 1:
+        raise UsageError(f"--steps {opts.steps} / --runners {opts.runners}: both must be >= 1")
     if opts.layers < 1:
         raise UsageError(f"--layers {opts.layers}: must be >= 1")
     if opts.nnodes < 1 or opts.tp % opts.nnodes:
@@ -146,7 +178,10 @@ def validate(opts: JobOptions) -> JobOptions:
         raise UsageError(f"--backend {opts.backend!r}: allowed auto, {', '.join(BACKENDS)} "
                          f"(or --runner package.module:Class)")
     per_node = opts.tp // opts.nnodes
-    if opts.backend in GPU_BACKENDS:
+    interp = opts.backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
+    if interp and per_node != 1:
+        raise UsageError(f"--tp {opts.tp}: TRITON_INTERPRET=1 (triton on the cpu) runs one rank only")
+    if opts.backend in GPU_BACKENDS and not interp:
         if not torch.cuda.is_available():
             raise UsageError(f"--backend {opts.backend}: needs a GPU and this host has none (use --backend cpu)")
         if per_node > torch.cuda.device_count():
@@ -180,8 +215,11 @@ def deadline_for(job: str, opts: JobOptions) -> float:
     if job == "qualify":
         injected = len(opts.inject_ranks) + (1 if opts.tp > 1 else 0)
         work = 2 * w * 3.0 + 40 + injected * (3 * t + 2 * over_delay_ns(t) / 1e9 + 10)
+    elif job == "soak":  # a last resort: the kernel's bounded waits end a faulted soak first
+        work = 60 + opts.steps * 0.1 + 5 * t
     elif job == "bench":
-        per = (opts.rep_ms + opts.warmup_ms) / 1e3 * (2 if opts.baseline else 1) + 3.0 * opts.layers
+        variants = 1 + (max(len(opts.baselines), 3) if opts.baseline else 0)
+        per = (opts.rep_ms + opts.warmup_ms) / 1e3 * variants + 3.0 * opts.layers
         work = w * per * 3
     else:
         work = 30 + 10 * w
@@ -250,9 +288,9 @@ def run(job: str, opts: JobOptions, progress: bool = True) -> JobResult:
         recs = read_records(result_dir)
         if rc is None:
             raise LaunchError(f"{job} passed its deadline of {deadline:.0f} s (--deadline): "
-                              f"{_unfinished(recs, opts.tp)}; the job was killed")
+                              f"{_unfinished(recs, opts.tp)}; the job was killed", recs)
         if rc != 0:
-            raise LaunchError(_failure(job, rc, recs, opts.tp, (result_dir / "torchrun.log").read_text()))
+            raise LaunchError(_failure(job, rc, recs, opts.tp, (result_dir / "torchrun.log").read_text()), recs)
         merged = result_dir / "all.jsonl"
         if merged.exists():
             recs = [json.loads(line) for line in merged.read_text().splitlines() if line.strip()]
@@ -328,6 +366,8 @@ def _unfinished(recs: list[dict], tp: int) -> str:
 def _where(rec: dict | None) -> str:
     if rec is None:
         return "start-up"
+    if rec.get("kind") == "start":
+        return "set-up (process group, peer buffers, weights)"
     if rec.get("kind") == "progress":
         return f"{rec.get('what') or 'step'} ({rec['done']}/{rec['total']})"
     return rec.get("kind", "?")

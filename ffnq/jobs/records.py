@@ -91,6 +91,7 @@ def main(body: Callable[[dict, Records], None]) -> None:
     if hang is not None and int(hang) == rank:
         rec.progress(0, 1, "hanging (FFNQ_TEST_HANG_RANK)")
         time.sleep(3600)
+    rec.write("start")
     try:
         body(opts, rec)
         rec.gather()

@@ -1,0 +1,61 @@
+"""The unfused baseline: the same step composed of stock torch ops and the backend's all-reduce.
+
+    h   = all_reduce(part) + residual          (res_out)
+    x   = rms_norm(h) * post_norm
+    w,k = fp32 sigmoid router, biased top-k, renormalised
+    y   = sum_k w_k * w2_k(silu(w1_k x) * w3_k x)   over this rank's (dequantized) shards
+    out = all_reduce(y)
+
+What a stack without the fused kernel runs: two collectives and a dozen kernels per layer.
+Experts are dequantized once at build (bf16 on GPU, fp32 on cpu where bf16 matmuls are slow),
+so the baseline pays no dequant cost in the loop; it wins nothing from FP8.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ffnq.spec import Experts, ModelSpec
+from ffnq.weights import RankWeights, dequant
+
+
+class Unfused:
+    def __init__(self, w: RankWeights, spec: ModelSpec, tp: int, experts: Experts, device):
+        self.spec, self.tp, self.experts, self.w = spec, tp, experts, w
+        self.dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        self.first = w.first_expert if experts is Experts.LOCAL else 0
+        self.n = spec.experts_per_rank(tp, experts) if experts is not Experts.NONE else 0
+        if self.n:
+            self.w13 = dequant(w.w13, w.s13, spec.block, self.dtype)  # [E_r, 2*I_r, H]
+            self.w2 = dequant(w.w2, w.s2, spec.block, self.dtype)  # [E_r, H, I_r]
+
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.tp > 1:
+            dist.all_reduce(t)
+        return t
+
+    def __call__(self, part, residual, weights, slots, final=False):
+        s, m = part.shape[0], self.spec
+        h = self._all_reduce(part.clone()).float() + residual.float()
+        res_out = h.to(torch.bfloat16)
+        x = F.rms_norm(h, (m.hidden,), self.w.post_norm.float(), m.eps)
+        scores = torch.sigmoid(x @ self.w.router.float().T)
+        idx = torch.topk(scores + self.w.router_bias.float(), m.top_k, dim=-1).indices
+        wts = scores.gather(1, idx)
+        wts = wts / wts.sum(-1, keepdim=True)
+        y = torch.zeros(s, m.hidden, dtype=self.dtype, device=part.device)
+        if self.n:
+            keep = (slots[:s] >= 0)[:, None]
+            xd = x.to(self.dtype)
+            half = self.w13.shape[1] // 2
+            for e in torch.unique(idx[keep.expand_as(idx)]).tolist():
+                le = e - self.first
+                if not 0 <= le < self.n:
+                    continue
+                rows, k = torch.nonzero((idx == e) & keep, as_tuple=True)
+                gu = xd[rows] @ self.w13[le].T
+                a = F.silu(gu[:, :half]) * gu[:, half:]
+                y.index_add_(0, rows, (a @ self.w2[le].T) * wts[rows, k, None].to(self.dtype))
+        out = self._all_reduce(y.to(torch.bfloat16))
+        return out, res_out

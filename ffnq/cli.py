@@ -1,0 +1,348 @@
+"""The ``ffnq`` command: warm, qualify, bench, gate, report, info.
+
+Each verb builds JobOptions, validates every value before anything starts (bad input: one line
+on stderr, exit 2, nothing written), runs its ranks through torchrun (ffnq.launch), shows the
+tables and writes a report folder. Exit 0 pass, 1 a case/threshold failed or a rank died.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+try:  # typer >= 0.20 vendors click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click import ClickException
+
+from ffnq.errors import UsageError
+
+# ---- options shared by the verbs, defined once ------------------------------------------------------
+JOB, OUT = "Job", "Output"
+Backend = Annotated[str, typer.Option(help="auto (triton where a GPU is, else cpu), cpu, triton or flydsl",
+                                      rich_help_panel=JOB)]
+RunnerPath = Annotated[Optional[str], typer.Option("--runner", help="a plug-in runner package.module:Class "
+                                                   "(replaces --backend)", rich_help_panel=JOB)]
+Model = Annotated[str, typer.Option(help="a name in configs/models (tiny, minimax-m2) or a TOML path",
+                                    rich_help_panel=JOB)]
+Tp = Annotated[int, typer.Option("--tp", help="ranks (tensor-parallel degree)", rich_help_panel=JOB)]
+ExpertsOpt = Annotated[str, typer.Option("--experts", help="all (intermediate sharded over TP), local "
+                                         "(expert parallel) or none (seam + router + reduce only)",
+                                         rich_help_panel=JOB)]
+Widths = Annotated[str, typer.Option(help="row counts: lists and ranges, e.g. 1-4,8,16; all = 1..max_tokens",
+                                     rich_help_panel=JOB)]
+Timeout = Annotated[float, typer.Option("--timeout", help="the kernel's bound on every wait (seconds)",
+                                        rich_help_panel=JOB)]
+Seed = Annotated[int, typer.Option(help="seed of the synthetic weights and inputs", rich_help_panel=JOB)]
+Deadline = Annotated[Optional[float], typer.Option("--deadline", help="the whole job's bound (seconds); "
+                                                   "default: derived from the work", rich_help_panel=JOB)]
+Nnodes = Annotated[int, typer.Option(help="torchrun --nnodes (ranks per node = tp / nnodes)",
+                                     rich_help_panel="Launch")]
+Rdzv = Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="torchrun --rdzv-endpoint HOST:PORT "
+                                             "(default: --standalone)", rich_help_panel="Launch")]
+Out = Annotated[Path, typer.Option("--out", help="the reports folder", rich_help_panel=OUT)]
+Json = Annotated[bool, typer.Option("--json", help="tables as JSON lines on stdout", rich_help_panel=OUT)]
+
+
+class App(typer.Typer):
+    """typer, with click's own usage errors (e.g. --tp abc) cut to one line, exit 2."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            rc = typer.main.get_command(self).main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            _err("aborted")
+            sys.exit(130)
+        except ClickException as e:
+            if type(e).__name__ != "NoArgsIsHelpError":
+                _err(e.format_message().splitlines()[0])
+            sys.exit(e.exit_code)
+        sys.exit(rc or 0)
+
+
+app = App(name="ffnq", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+          help="Qualify and benchmark a fused, persistent decode FFN kernel (MiniMax-M2 MoE) under "
+               "tensor parallelism.")
+
+
+def _err(msg: str) -> None:
+    from ffnq.report import err_console
+
+    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+
+
+def _guard(fn):
+    """Run a verb body: UsageError -> exit 2, LaunchError -> exit 1 (one line, no traceback)."""
+    from ffnq.launch import LaunchError
+
+    try:
+        return fn()
+    except UsageError as e:
+        _err(str(e))
+        raise typer.Exit(2)
+    except LaunchError as e:
+        _err(str(e))
+        raise typer.Exit(1)
+
+
+def _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint, deadline, **kw):
+    from ffnq.launch import JobOptions, parse_widths, resolve_backend, validate
+    from ffnq.spec import load_model
+
+    spec = load_model(model)
+    opts = JobOptions(backend=runner or resolve_backend(backend), model=model, tp=tp, experts=experts,
+                      widths=parse_widths(widths, spec.max_tokens), timeout_s=timeout, seed=seed, nnodes=nnodes,
+                      rdzv_endpoint=rdzv_endpoint, deadline_s=deadline, **kw)
+    return validate(opts)
+
+
+def parse_baselines(text: str) -> dict:
+    """--baselines auto | none | a,b -> JobOptions fields."""
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    if names in ([], ["auto"]):
+        return {"baseline": True, "baselines": []}
+    if names == ["none"]:
+        return {"baseline": False, "baselines": []}
+    return {"baseline": True, "baselines": names}
+
+
+def _meta(opts, result=None) -> dict:
+    from ffnq.report import git_commit, machine_info
+
+    return {"command": shlex.join(["ffnq", *sys.argv[1:]]), "machine": machine_info(), "git_commit": git_commit(),
+            "config": opts.to_json() if hasattr(opts, "to_json") else opts,
+            "torchrun": shlex.join(result.command) if result else None,
+            "wall_s": round(result.wall_s, 2) if result else None}
+
+
+def _saved(path, json_out) -> None:
+    from ffnq.report import console, err_console
+
+    (err_console if json_out else console).print(f"report: {path}", highlight=False, soft_wrap=True)
+
+
+# ---- verbs --------------------------------------------------------------------------------------------
+
+def run_qualify(opts, out: Path, json_out: bool):
+    """Launch qualify, show its tables, write its report; (cases, report path)."""
+    from ffnq import launch
+    from ffnq.jobs.qualify import summarize
+    from ffnq.report import handshake, show_table, write_report
+
+    res = launch.run("qualify", opts, progress=not json_out)
+    cases = summarize(res.tables["cases"])
+    tl = res.tables.get("timeline")
+    hs = handshake(tl[tl.case.str.startswith("inject-under")], opts.tp) if tl is not None else None
+    failed = int((cases.status != "PASS").sum())
+    verdict = f"{len(cases)} cases, {failed} failed: " + ("FAILED" if failed else "OK")
+    cols = ["case", "width", "status", "rel_err", "wrong", "elements", "route_agree", "fault", "wall_ms", "evidence"]
+    show_table(cases, json_out=json_out, columns=cols,
+               title=f"qualify {opts.backend} tp{opts.tp} {opts.model} experts={opts.experts} "
+                     f"timeout={opts.timeout_s:g}s")
+    if hs is not None and not hs.empty:
+        show_table(hs, json_out=json_out, title="handshake: arrival, wait and skew per rank and phase (us)")
+    path = write_report(out, "qualify", opts.backend, opts.tp, cases, meta=_meta(opts, res), verdict=verdict,
+                        tables={"handshake": hs, "clock": res.tables.get("clock")}, timeline=tl)
+    _footer(verdict, json_out)
+    _saved(path, json_out)
+    return cases, path
+
+
+def run_bench(opts, out: Path, json_out: bool):
+    """Launch bench, show its table, write its report; (per-width table, report path)."""
+    from ffnq import launch
+    from ffnq.jobs.bench import summarize
+    from ffnq.report import show_table, write_report
+
+    res = launch.run("bench", opts, progress=not json_out)
+    lat = summarize(res.tables["latency"])
+    bad = lat[lat.check != "OK"]
+    verdict = f"{len(lat)} widths, {len(bad)} failed the check before timing: " + ("FAILED" if len(bad) else "OK")
+    show_table(lat, json_out=json_out, title=f"bench {opts.backend} tp{opts.tp} {opts.model} "
+               f"experts={opts.experts} layers={opts.layers} (us per step)")
+    path = write_report(out, "bench", opts.backend, opts.tp, lat, meta=_meta(opts, res), verdict=verdict,
+                        tables={"per_rank": res.tables["latency"]})
+    _footer(verdict, json_out)
+    _saved(path, json_out)
+    return lat, path
+
+
+def run_warm(opts, out: Path, json_out: bool):
+    """Launch warm, show its table, write its report; (per-width table, report path)."""
+    from ffnq import launch
+    from ffnq.jobs.warm import summarize
+
+    res = launch.run("warm", opts, progress=not json_out)
+    table = summarize(res.tables["warm"])
+    return table, _warm_report(table, opts.backend, opts.tp, opts.model, None, opts, res, out, json_out)
+
+
+def _warm_report(table, be, tp, model, target, opts, res, out, json_out):
+    from ffnq.report import show_table, write_report
+
+    bad = table[table.resident.astype(str) == "no"] if "resident" in table else table.iloc[:0]
+    verdict = f"{len(table)} widths, {len(bad)} not resident or not compiled: " + ("FAILED" if len(bad) else "OK")
+    show_table(table, json_out=json_out, title=f"warm {be} tp{tp} {model}" + (f" target {target}" if target else ""))
+    path = write_report(out, "warm", be + (f"-{target}" if target else ""), tp, table, meta=_meta(opts, res),
+                        verdict=verdict)
+    _footer(verdict, json_out)
+    _saved(path, json_out)
+    return path
+
+
+@app.command()
+def qualify(
+    backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
+    experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = 0,
+    inject_rank: Annotated[Optional[list[str]], typer.Option(
+        "--inject-rank", help="delay this rank under and over the timeout (repeatable, or all)",
+        rich_help_panel=JOB)] = None,
+    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
+    json_out: Json = False,
+):
+    """Correctness against the fp64 reference, padding, epochs, injected faults and recovery.
+
+    One row per case (PASS/FAIL with the evidence); exit 1 when any case fails.
+    """
+    def body():
+        from ffnq import launch
+
+        opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
+                        deadline, inject_ranks=launch.parse_inject(inject_rank, tp))
+        cases, _ = run_qualify(opts, out, json_out)
+        return 1 if (cases.status != "PASS").any() else 0
+
+    rc = _guard(body)
+    raise typer.Exit(rc)
+
+
+@app.command()
+def bench(
+    backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
+    experts: ExpertsOpt = "all", widths: Widths = "1,2,4,8,16", timeout: Timeout = 1.0, seed: Seed = 0,
+    layers: Annotated[int, typer.Option(help="launches per step, final=True on the last", rich_help_panel=JOB)] = 1,
+    rep_ms: Annotated[float, typer.Option("--rep-ms", help="timed budget per width and variant (ms)",
+                                          rich_help_panel=JOB)] = 1000.0,
+    warmup_ms: Annotated[float, typer.Option("--warmup-ms", help="warm-up budget per width and variant (ms)",
+                                             rich_help_panel=JOB)] = 200.0,
+    baselines: Annotated[str, typer.Option(help="auto (unfused; on a GPU also stock-nccl and, at tp > 1, "
+                                           "stock-symm), none, or a list of unfused, stock-nccl, stock-symm",
+                                           rich_help_panel=JOB)] = "auto",
+    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
+    json_out: Json = False,
+):
+    """Per-width latency (p50/p90/p99 us), per-rank skew, the baselines and (on a GPU) the floor."""
+    def body():
+        if not rep_ms > 0 or warmup_ms < 0:
+            raise UsageError(f"--rep-ms {rep_ms} / --warmup-ms {warmup_ms}: need rep > 0 and warmup >= 0 (ms)")
+        opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
+                        deadline, layers=layers, rep_ms=rep_ms, warmup_ms=warmup_ms,
+                        **parse_baselines(baselines))
+        lat, _ = run_bench(opts, out, json_out)
+        return 1 if (lat.check != "OK").any() else 0
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def warm(
+    backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
+    experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = 0,
+    target: Annotated[Optional[str], typer.Option(help="offline residency for sm_90, gfx942 or gfx950 "
+                                                  "(no GPU needed)", rich_help_panel=JOB)] = None,
+    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
+    json_out: Json = False,
+):
+    """Compile every width: kernel, compile_s, resources, CTAs per CU, grid, resident."""
+    def body():
+        from ffnq.jobs.warm import offline
+
+        if target is not None:
+            table, be = offline(backend, runner, model, tp, experts, widths, target)
+            opts = {"backend": be, "model": model, "tp": tp, "experts": experts, "target": target}
+            _warm_report(table, be, tp, model, target, opts, None, out, json_out)
+        else:
+            opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
+                            deadline)
+            table, _ = run_warm(opts, out, json_out)
+        return 1 if "resident" in table and (table.resident.astype(str) == "no").any() else 0
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def gate(
+    config: Annotated[str, typer.Argument(help="a gate config, e.g. configs/gates/cpu-tp2.toml")],
+    out: Out = Path("reports"), json_out: Json = False,
+):
+    """Run what a gate config names, compare with its thresholds, write junit.xml + summary.md.
+
+    Exit 0 pass, 1 fail, 2 could not run.
+    """
+    from ffnq.gate import run_gate
+
+    def body():
+        return run_gate(config, out, json_out)
+
+    try:
+        rc = _guard(body)
+    except typer.Exit as e:  # a job that could not run is exit 2 for a gate, not 1
+        rc = 2 if e.exit_code else 0
+    raise typer.Exit(rc)
+
+
+@app.command()
+def report(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="a report folder written by ffnq")],
+    json_out: Json = False,
+):
+    """Print a saved run again."""
+    def body():
+        from ffnq.report import load_report, show_table
+
+        doc = load_report(directory)
+        t = doc["tables"]
+        show_table(t["results"], json_out=json_out, title=f"{doc['job']}: {doc.get('command', '')}")
+        for name, df in t.items():
+            if name not in ("results", "per_rank", "clock") and not df.empty:
+                show_table(df, json_out=json_out, title=name)
+        _footer(doc.get("verdict", ""), json_out)
+        return 0
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def info(json_out: Json = False):
+    """What this host has: backends usable, GPUs, SMs/CUs, versions of torch, triton, flydsl."""
+    import pandas as pd
+
+    from ffnq.report import machine_info, show_table
+    from ffnq.runner import BACKENDS, load_runner
+
+    m = machine_info()
+    rows = [{"item": k, "value": v} for k, v in m.items() if k != "gpus"]
+    for i, g in enumerate(m["gpus"]):
+        rows.append({"item": f"gpu {i}", "value": f"{g['name']}, {g['arch']}, {g['sms']} SMs/CUs, "
+                                                  f"{g['memory_gib']} GiB"})
+    for name in BACKENDS:
+        try:
+            load_runner(name)
+            ok = "yes" if name == "cpu" or m["gpus"] else "importable, no GPU here"
+        except UsageError as e:
+            ok = f"no ({e})"
+        rows.append({"item": f"backend {name}", "value": ok})
+    show_table(pd.DataFrame(rows), json_out=json_out, title="ffnq info")
+
+
+def _footer(verdict: str, json_out: bool) -> None:
+    from ffnq.report import console, err_console
+
+    (err_console if json_out else console).print(f"# {verdict}", highlight=False)
+
+
+if __name__ == "__main__":
+    app()

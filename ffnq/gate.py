@@ -1,0 +1,181 @@
+"""ffnq gate CONFIG: run the jobs a gate config names, compare with its thresholds, write JUnit.
+
+A config (configs/gates/*.toml):
+
+    name = "cpu-tp2"
+    [options]                 # every job's options (the verbs' long names, '-' or '_')
+    backend = "cpu"
+    [[job]]                   # in order; a job's keys override [options]
+    verb = "qualify"          # warm | qualify | bench
+    widths = "1-4,16"
+    [thresholds]
+    resident = true           # every warm width resident (n/a: no occupancy query, not judged)
+    qualify_all_pass = true   # every qualify case PASS
+    p50_us_max = 2000         # every bench width; or a table { "1" = 500, "16" = 2000 }
+    speedup_unfused_min = 1.0 # bench p50 beats the unfused baseline by at least this factor
+    speedup_stock_nccl_min = 1.0  # likewise for the stock composition (GPU; also stock_symm)
+
+Exit 0 every check passed, 1 a check failed, 2 the gate could not run (config missing or
+malformed, bad options, a job that died or passed its deadline). Each job writes its own report;
+the gate's folder holds junit.xml, summary.md, results.csv/json (one row per check).
+"""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
+
+import pandas as pd
+
+from ffnq.errors import UsageError
+
+VERBS = ("warm", "qualify", "bench")
+OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout", "seed", "inject_rank", "layers",
+               "rep_ms", "warmup_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint"}
+THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_nccl_min",
+              "speedup_stock_symm_min"}
+
+
+def load_gate(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        known = sorted(str(x) for x in (Path(__file__).resolve().parent.parent / "configs" / "gates").glob("*.toml"))
+        raise UsageError(f"gate config {str(path)!r}: no such file; shipped: {', '.join(known)}")
+    try:
+        cfg = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"gate config {p}: malformed TOML ({e})") from None
+    norm = lambda d: {k.replace("-", "_"): v for k, v in d.items()}  # noqa: E731
+    base = norm(cfg.get("options", {}))
+    jobs = cfg.get("job", [])
+    if not isinstance(jobs, list) or not jobs:
+        raise UsageError(f"gate config {p}: needs at least one [[job]] with verb = {' | '.join(VERBS)}")
+    out = []
+    for i, j in enumerate(jobs):
+        j = norm(j)
+        verb = j.pop("verb", None)
+        if verb not in VERBS:
+            raise UsageError(f"gate config {p}: job {i + 1} verb {verb!r}; allowed {', '.join(VERBS)}")
+        opts = base | j
+        bad = set(opts) - OPTION_KEYS
+        if bad:
+            raise UsageError(f"gate config {p}: unknown option(s) {', '.join(sorted(bad))}; allowed "
+                             f"{', '.join(sorted(OPTION_KEYS))}")
+        out.append((verb, opts))
+    th = norm(cfg.get("thresholds", {}))
+    bad = set(th) - THRESHOLDS
+    if bad:
+        raise UsageError(f"gate config {p}: unknown threshold(s) {', '.join(sorted(bad))}; allowed "
+                         f"{', '.join(sorted(THRESHOLDS))}")
+    return {"name": cfg.get("name", p.stem), "path": str(p), "jobs": out, "thresholds": th}
+
+
+def job_options(opts: dict):
+    """A gate job's options -> validated JobOptions (the same checks as the verbs)."""
+    from ffnq.cli import parse_baselines
+    from ffnq.launch import JobOptions, parse_inject, parse_widths, resolve_backend, validate
+    from ffnq.spec import load_model
+
+    o = dict(opts)
+    spec = load_model(o.get("model", "tiny"))
+    tp = int(o.get("tp", 2))
+    inject = o.get("inject_rank", [])
+    kw = dict(backend=o.get("runner") or resolve_backend(o.get("backend", "auto")), model=o.get("model", "tiny"),
+              tp=tp, experts=o.get("experts", "all"), widths=parse_widths(str(o.get("widths", "all")), spec.max_tokens),
+              timeout_s=float(o.get("timeout", 1.0)), seed=int(o.get("seed", 0)), nnodes=int(o.get("nnodes", 1)),
+              rdzv_endpoint=o.get("rdzv_endpoint"), deadline_s=o.get("deadline"),
+              inject_ranks=parse_inject(inject if isinstance(inject, list) else [inject], tp),
+              layers=int(o.get("layers", 1)), **parse_baselines(o.get("baselines", "auto")))
+    for k in ("rep_ms", "warmup_ms"):
+        if k in o:
+            kw[k] = float(o[k])
+    return validate(JobOptions(**kw))
+
+
+def checks(verb: str, table: pd.DataFrame, th: dict, report: str) -> list[dict]:
+    """One row per threshold this job's table is judged by."""
+    rows = []
+
+    def add(name, ok, value, limit):
+        rows.append({"check": name, "job": verb, "result": "PASS" if ok else "FAIL", "value": value,
+                     "threshold": limit, "report": report})
+
+    if verb == "warm" and th.get("resident"):
+        bad = table[table.resident.astype(str) == "no"].width.tolist()
+        na = (table.resident.astype(str) == "n/a").all()
+        add("every width resident", not bad, "n/a (no occupancy query)" if na else f"not resident: {bad or 'none'}",
+            "all widths")
+    if verb == "qualify" and th.get("qualify_all_pass"):
+        bad = table[table.status != "PASS"]
+        add("every qualify case PASS", bad.empty,
+            f"{len(table) - len(bad)}/{len(table)} PASS" + (f"; failed: {', '.join(bad.case)}" if len(bad) else ""),
+            "all PASS")
+    if verb == "bench":
+        limit = th.get("p50_us_max")
+        if limit is not None:
+            for _, r in table.iterrows():
+                lim = limit.get(str(int(r.width))) if isinstance(limit, dict) else limit
+                if lim is None:
+                    continue
+                p50 = r.get("p50_us")
+                add(f"p50 w={int(r.width)}", p50 == p50 and p50 is not None and p50 <= float(lim),
+                    f"{p50:.1f} us" if p50 == p50 else f"not timed ({r.get('check')})", f"<= {float(lim):g} us")
+        for base in ("unfused", "stock_nccl", "stock_symm"):
+            lo = th.get(f"speedup_{base}_min")
+            if lo is None:
+                continue
+            for _, r in table.iterrows():
+                sp = r.get(f"speedup_{base}", float("nan"))
+                add(f"speedup_{base} w={int(r.width)}", sp == sp and sp >= float(lo),
+                    f"{sp:.2f}x" if sp == sp else "no baseline", f">= {float(lo):g}x")
+        if "check" in table:
+            bad = table[table.check != "OK"].width.tolist()
+            add("bench correct before timing", not bad, f"failed widths: {bad or 'none'}", "all OK")
+    return rows
+
+
+def junit(name: str, rows: pd.DataFrame, wall_s: float) -> str:
+    fails = int((rows.result != "PASS").sum())
+    out = [f'<?xml version="1.0" encoding="UTF-8"?>',
+           f'<testsuites name={quoteattr("ffnq gate " + name)} tests="{len(rows)}" failures="{fails}" time="{wall_s:.1f}">',
+           f'  <testsuite name={quoteattr(name)} tests="{len(rows)}" failures="{fails}" errors="0" time="{wall_s:.1f}">']
+    for _, r in rows.iterrows():
+        out.append(f'    <testcase classname={quoteattr("ffnq." + r.job)} name={quoteattr(r.check)}>')
+        if r.result != "PASS":
+            msg = f"{r.value} (threshold {r.threshold})"
+            out.append(f"      <failure message={quoteattr(msg)}>{escape(msg + '; report ' + str(r.report))}</failure>")
+        out.append(f"      <system-out>{escape(str(r.value))}</system-out>")
+        out.append("    </testcase>")
+    out += ["  </testsuite>", "</testsuites>"]
+    return "\n".join(out) + "\n"
+
+
+def run_gate(config: str, out: Path, json_out: bool) -> int:
+    import time
+
+    from ffnq.cli import _footer, _meta, _saved, run_bench, run_qualify, run_warm
+    from ffnq.report import show_table, write_report
+
+    cfg = load_gate(config)
+    jobs = [(verb, job_options(o)) for verb, o in cfg["jobs"]]  # every job validated before any runs
+    t0 = time.monotonic()
+    rows = []
+    runners = {"warm": run_warm, "qualify": run_qualify, "bench": run_bench}
+    for verb, opts in jobs:
+        table, path = runners[verb](opts, out, json_out)
+        rows += checks(verb, table, cfg["thresholds"], str(path))
+    df = pd.DataFrame(rows, columns=["check", "job", "result", "value", "threshold", "report"])
+    if df.empty:
+        raise UsageError(f"gate config {cfg['path']}: no [thresholds] apply to its jobs; nothing to judge")
+    fails = int((df.result != "PASS").sum())
+    verdict = f"gate {cfg['name']}: {len(df)} checks, {fails} failed: " + ("FAILED" if fails else "OK")
+    show_table(df, json_out=json_out, title=f"gate {cfg['name']} ({cfg['path']})",
+               columns=["check", "job", "result", "value", "threshold"])
+    first = jobs[0][1]
+    meta = _meta({"gate": cfg["name"], "config": cfg["path"], "thresholds": cfg["thresholds"],
+                  "jobs": [[v, o.to_json()] for v, o in jobs]})
+    path = write_report(out, "gate", first.backend, first.tp, df, meta=meta, verdict=verdict,
+                        extra_files={"junit.xml": junit(cfg["name"], df, time.monotonic() - t0)})
+    _footer(verdict, json_out)
+    _saved(path, json_out)
+    return 1 if fails else 0

@@ -1,0 +1,212 @@
+"""bench, one rank: per width, check then time the fused step and the unfused baseline.
+
+Each width: fresh inputs, one checked step of each variant against the fp64 reference (a
+variant that is wrong is not timed), an estimate (3 calls, max over ranks) that turns the ms
+budgets into step counts every rank agrees on, warm-up, then ``time_steps`` samples. A step is
+``layers`` launches, ``final=True`` on the last. One row per (width, variant, rank) in table
+``latency``; ``summarize`` makes one row per width.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from ffnq import reference
+from ffnq.baseline import Unfused
+from ffnq.dist import barrier
+from ffnq.jobs.rank import setup
+from ffnq.jobs.records import Records, main, max_over_ranks
+from ffnq.timing import quantiles_us, steps_for, time_steps
+
+CASE = 50_000  # input case ids of bench (qualify uses small ones)
+
+
+def body(opts: dict, rec: Records) -> None:
+    job = setup(opts["backend"], opts["model"], opts["experts"], opts["timeout_s"], opts["seed"])
+    try:
+        run(job, opts, rec)
+    finally:
+        barrier()
+        job.close()
+
+
+BASELINE_REL_ERR = 3e-2  # stock parts run bf16 experts: ~1e-2 of rounding at worst
+
+
+ROTATE_SETS_GPU = 4  # weight sets one timed graph walks through: 4 x 57 MB at s=1, TP2 >> a 60 MB L2
+
+
+def weight_sets(job) -> list:
+    """The rank's weights plus, on a GPU, more synthetic sets, so a timed replay reads every
+    expert from HBM rather than from the L2 a previous step filled (cold weights)."""
+    if job.device.type != "cuda":
+        return [job.weights]
+    from ffnq.weights import shard, synthetic
+
+    sets = [job.weights]
+    for k in range(1, ROTATE_SETS_GPU):
+        full = synthetic(job.model, job.seed + 1000 * k, job.device)
+        sets.append(shard(full, job.model, job.tp, job.rank, job.experts))
+        del full
+    return sets
+
+
+def baselines(job, names: list[str], sets: list) -> list[tuple[str, list]]:
+    """The baselines to time beside the fused step, one callable per weight set.
+    [] or ["auto"]: on cpu the unfused loop; on a GPU (b) ``unfused``, the composition a PyTorch
+    user writes (NCCL all-reduce, rms_norm, fp32 router, torch._grouped_mm over bf16 experts,
+    NCCL all-reduce) and, at tp > 1, (c) ``stock``: the same with torch.ops.symm_mem's one-shot
+    all-reduce in place of NCCL."""
+    from ffnq.spec import Experts
+    from ffnq.stock import Stock
+
+    cuda = job.device.type == "cuda"
+    if not names or names == ["auto"]:
+        names = (["unfused"] + (["stock"] if job.tp > 1 else [])) if cuda else ["unfused"]
+    out = []
+    for n in names:
+        if job.experts is Experts.NONE and (cuda or n != "unfused"):
+            continue
+        if n == "unfused" and not cuda:
+            out.append((n, [Unfused(w, job.model, job.tp, job.experts, job.device) for w in sets]))
+        elif n in ("unfused", "stock", "stock-nccl", "stock-symm"):
+            ar = "symm" if n in ("stock", "stock-symm") else "nccl"
+            out.append((n, [Stock(w, job.model, job.tp, job.experts, job.device, allreduce=ar) for w in sets]))
+    return out
+
+
+def floor_terms(job) -> tuple[float, float] | None:
+    """(HBM read GB/s, one-shot link us) measured on this GPU; None off a GPU (collective)."""
+    if job.device.type != "cuda":
+        return None
+    from ffnq.floor import hbm_read_gbps, link_latency_us
+
+    return hbm_read_gbps(job.device), link_latency_us(job.model.hidden, job.device)
+
+
+def touched(job, chosen: torch.Tensor) -> int:
+    """Distinct experts this rank reads for these rows (padding rows are -1)."""
+    from ffnq.spec import Experts
+
+    ids = torch.unique(chosen[chosen >= 0]).tolist()
+    if job.experts is Experts.NONE:
+        return 0
+    if job.experts is Experts.LOCAL:
+        n = job.model.experts_per_rank(job.tp, job.experts)
+        first = job.weights.first_expert
+        ids = [e for e in ids if first <= e < first + n]
+    return len(ids)
+
+
+def run(job, opts: dict, rec: Records) -> None:
+    widths, L = opts["widths"], opts["layers"]
+    fused = job.runner(widths)
+    fused.warm(job.weights)
+    sets = weight_sets(job)
+    variants = [("fused", [fused] * len(sets))]
+    if opts["baseline"]:
+        variants += baselines(job, opts.get("baselines") or [], sets)
+    graph = job.device.type == "cuda"
+    floor = floor_terms(job)
+    total, done = len(widths) * len(variants), 0
+    for s in widths:
+        parts, residual, slots = job.inputs(s, CASE + s)
+        part = parts[job.rank]
+        ref = reference.step(parts, residual, slots, job.full, job.model, job.experts)
+        extra = {}
+        if floor:
+            from ffnq.floor import floor_us
+
+            n_exp = touched(job, ref.chosen)
+            nbytes = n_exp * job.model.expert_bytes(job.tp, job.experts)
+            extra = {"floor_us": floor_us(n_exp, job.model.expert_bytes(job.tp, job.experts), *floor),
+                     "hbm_read_gbps": floor[0], "link_us": floor[1], "touched_experts": n_exp,
+                     "weight_bytes": nbytes, "weight_sets": len(sets)}
+        for name, rs in variants:
+            rec.progress(done, total, f"{name} w={s}")
+            done += 1
+
+            def one(r, w):
+                for layer in range(L):
+                    out = r(part, residual, w, slots, final=layer == L - 1)
+                return out
+
+            def step(rs=rs):  # one step on every weight set in turn; samples are divided by it
+                for r, w in zip(rs, sets):
+                    out = one(r, w)
+                return out
+
+            barrier()
+            out, res_out = one(rs[0], sets[0])
+            fault = fused.fault(s) if name == "fused" else None
+            c = reference.compare(out, ref.out)
+            c2 = reference.compare(res_out, ref.res_out)
+            rel = max(c["rel_err"], c2["rel_err"])
+            if name == "fused":  # the kernel under test: the qualify standard
+                ok = not fault and c["wrong"] + c2["wrong"] == 0 and rel <= reference.MAX_REL_ERR
+            else:  # a baseline only has to compute the same step (stock parts round in bf16)
+                ok = rel <= BASELINE_REL_ERR and c2["wrong"] == 0
+            row = {"width": s, "variant": name, "rank": job.rank, "check": "OK" if ok else "FAIL",
+                   "rel_err": rel, "wrong": c["wrong"] + c2["wrong"], "layers": L} | extra
+            if not all_ranks_ok(ok):
+                rec.row("latency", row | {"check": "FAIL", "detail": str(fault or c["worst"])})
+                continue
+            per = len(sets)
+            est = [x / per for x in time_steps(step, 3, barrier=barrier, device=job.device)]
+            est_us = max_over_ranks(sorted(est)[1])
+            time_steps(step, steps_for(est_us, opts["warmup_ms"], 1, opts["max_steps"]), barrier=barrier,
+                       device=job.device)
+            n = steps_for(est_us * per, opts["rep_ms"], opts["min_steps"], opts["max_steps"])
+            capturable = graph
+            mode = "cuda-graph" if graph and capturable else ("cuda-events" if graph else "wall-clock")
+            try:
+                samples = time_steps(step, n, barrier=barrier, device=job.device, graph=mode == "cuda-graph")
+            except RuntimeError as e:  # a runner that cannot be captured is still timed, eagerly
+                mode = f"cuda-events (graph capture failed: {str(e).splitlines()[0][:80]})"
+                samples = time_steps(step, n, barrier=barrier, device=job.device)
+            samples = [x / per for x in samples]
+            row["timing"] = mode + (f", {per} weight sets per replay (cold L2)" if per > 1 else "")
+            if name == "fused" and fused.fault(s):
+                row["check"], row["detail"] = "FAIL", f"fault while timing: {fused.fault(s)}"
+            rec.row("latency", row | quantiles_us(samples))
+    rec.progress(total, total, "done")
+
+
+def all_ranks_ok(ok: bool) -> bool:
+    return max_over_ranks(0.0 if ok else 1.0) == 0.0
+
+
+def summarize(lat: pd.DataFrame) -> pd.DataFrame:
+    """Per width: the slowest rank's quantiles of the fused step (a step is as slow as its slowest
+    rank), the skew between ranks' p50, each baseline's p50 and speedup_<baseline> = baseline p50 /
+    fused p50, and the floor (max over ranks) where measured. ``check`` is the fused step's."""
+    rows = []
+    for s, g in lat.groupby("width", sort=True):
+        f = g[g.variant == "fused"]
+        row = {"width": int(s)}
+        if "p50_us" in f and f.p50_us.notna().any():
+            row |= {"p50_us": f.p50_us.max(), "p90_us": f.p90_us.max(), "p99_us": f.p99_us.max(),
+                    "skew_us": f.p50_us.max() - f.p50_us.min(), "steps": int(f.steps.min())}
+        for v in dict.fromkeys(g.variant):
+            b = g[g.variant == v]
+            if v == "fused" or "p50_us" not in b or not b.p50_us.notna().any():
+                continue
+            key = v.replace("-", "_")
+            row[f"{key}_p50_us"] = b.p50_us.max()
+            if "p50_us" in row:
+                row[f"speedup_{key}"] = row[f"{key}_p50_us"] / row["p50_us"]
+        if "floor_us" in f and f.floor_us.notna().any():
+            row["floor_us"] = f.floor_us.max()
+            if "p50_us" in row:
+                row["x_floor"] = row["p50_us"] / row["floor_us"]
+                row["weights_gbps"] = f.weight_bytes.max() / row["p50_us"] / 1e3
+        row |= {"rel_err": f.rel_err.max(), "check": "OK" if (f.check == "OK").all() and len(f) else "FAIL"}
+        if "timing" in f and f.timing.notna().any():
+            row["timing"] = f.timing.dropna().iloc[0]
+        if "detail" in g and g.detail.notna().any():
+            row["detail"] = "; ".join(f"{v} r{r}: {d}" for v, r, d in zip(g.variant, g["rank"], g.detail) if d == d and d)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+if __name__ == "__main__":
+    main(body)

@@ -1,0 +1,330 @@
+"""Tables on the terminal and report folders on disk, from DataFrames.
+
+Every table goes through ``show_table`` (a rich Table, or JSON with --json). A report folder
+``<out>/<utc-stamp>-<job>-<backend>-tp<N>/`` is written into a hidden temp dir beside it and
+renamed into place at the end, so an interrupted run leaves nothing half-written:
+
+    summary.md     verdict, command, commit, machine, config, the tables in Markdown
+    results.csv    the job's main table (one row per case / width)
+    results.json   schema_version, command line, machine info, git commit, config, every table
+    timeline.csv   per case, rank, CTA and stamp: raw ns and ns on rank 0's clock
+    trace.json     Chrome trace (Perfetto): pid = rank, tid = CTA, phases as "X" spans
+    latency.png    latency against width, fused beside the unfused baseline (bench)
+    timeline.png   a Gantt per rank of the timeline cases (qualify)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+SCHEMA_VERSION = 1
+console = Console()
+if not console.is_terminal:  # piped or captured: wide enough that tables keep one line per row
+    console = Console(width=200)
+err_console = Console(stderr=True)
+WRAP = ("fault", "evidence", "value", "detail", "resources", "error")  # the only columns allowed to fold
+
+# stamp pairs that bound each span of the trace (from, to)
+SPANS = [("seam push", "start", "seam_arrive"), ("seam wait", "seam_arrive", "seam_done"),
+         ("router", "seam_done", "router_done"), ("experts", "router_done", "experts_done"),
+         ("reduce push", "experts_done", "reduce_arrive"), ("reduce wait", "reduce_arrive", "reduce_done"),
+         ("handshake push", "reduce_done", "handshake_arrive"),
+         ("handshake wait", "handshake_arrive", "handshake_done")]
+PHASES = ("seam", "reduce", "handshake")
+CLOCK_NOTE = ("Ranks' clocks are put on one axis by a measured offset: right after a common barrier "
+              "every rank reads runner.clock_ns() and the values are all-gathered; offset_ns of a rank "
+              "is the median over 9 rounds of (its reading - rank 0's). t_common_ns = t_ns - offset_ns. "
+              "The error is the barrier's exit skew (gloo on one host: tens of us).")
+
+
+# ---- terminal ------------------------------------------------------------------------------------
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) < 1e-2 or abs(v) >= 1e6:
+            return f"{v:.2e}"
+        return f"{v:.1f}" if abs(v) >= 10 else f"{v:.3g}"
+    return str(v)
+
+
+def show_table(df: pd.DataFrame, *, json_out: bool = False, title: str | None = None,
+               columns: list[str] | None = None) -> None:
+    """The one output function: a rich Table, or the rows as JSON on stdout."""
+    cols = [c for c in (columns or list(df.columns)) if c in df.columns]
+    if json_out:
+        sys.stdout.write(json.dumps({"title": title, "rows": _records(df[cols])}, default=str) + "\n")
+        return
+    t = Table(title=title, title_justify="left")
+    for c in cols:
+        t.add_column(c, justify="right" if pd.api.types.is_numeric_dtype(df[c]) else "left",
+                     overflow="fold", no_wrap=c not in WRAP)
+    for row in df[cols].itertuples(index=False):
+        cells = []
+        for c, v in zip(cols, row):
+            s = _fmt(v)
+            if c == "status" or c == "result":
+                s = f"[green]{s}[/]" if s in ("PASS", "OK") else f"[bold red]{s}[/]"
+            cells.append(s)
+        t.add_row(*cells)
+    console.print(t)
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return json.loads(df.to_json(orient="records"))
+
+
+def markdown(df: pd.DataFrame, columns: list[str] | None = None) -> str:
+    cols = [c for c in (columns or list(df.columns)) if c in df.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df[cols].itertuples(index=False):
+        lines.append("| " + " | ".join(_fmt(v).replace("|", "/") for v in row) + " |")
+    return "\n".join(lines)
+
+
+# ---- handshake table -----------------------------------------------------------------------------
+
+def handshake(timeline: pd.DataFrame, tp: int) -> pd.DataFrame:
+    """Per case, rank and phase: arrival (us after the case's first start on any rank), the longest
+    wait over CTAs (us), for whom it waited (the peer seen last), and skew against the first rank
+    to arrive at that phase (us). On rank 0's clock (t_common_ns)."""
+    if timeline is None or timeline.empty:
+        return pd.DataFrame()
+    rows = []
+    for case, g in timeline.groupby("case", sort=False):
+        t0 = g.loc[g.stamp == "start", "t_common_ns"].min()
+        for ph in PHASES:
+            per = []
+            for rank, gr in g.groupby("rank"):
+                arr = gr[gr.stamp == f"{ph}_arrive"]
+                if arr.empty:
+                    continue
+                done = gr[gr.stamp == f"{ph}_done"].set_index("cta").t_common_ns
+                a = arr.set_index("cta").t_common_ns
+                wait = (done - a).dropna()
+                last = _waited_for(gr, ph)
+                per.append({"case": case, "rank": int(rank), "phase": ph, "arrive_us": (a.min() - t0) / 1e3,
+                            "wait_us": wait.max() / 1e3 if len(wait) else float("nan"),
+                            "waited_for": f"rank {last.removeprefix(f'{ph}_seen')}" if last else "-",
+                            "_a": a.min()})
+            first = min((p["_a"] for p in per), default=0)
+            for p in per:
+                p["skew_us"] = (p.pop("_a") - first) / 1e3
+                rows.append(p)
+    return pd.DataFrame(rows)
+
+
+def _waited_for(gr: pd.DataFrame, ph: str) -> str:
+    """The peer whose flag took longest to appear: every CTA's 'seen' stamps in time order from
+    the first arrival; the stamp after the largest gap names it (a late peer holds up every CTA,
+    whether they scan in turn, as on cpu, or in parallel)."""
+    seen = gr[gr.stamp.str.startswith(f"{ph}_seen")].sort_values("t_common_ns")
+    arr = gr.loc[gr.stamp == f"{ph}_arrive", "t_common_ns"]
+    if seen.empty:
+        return ""
+    prev = arr.min() if len(arr) else seen.t_common_ns.min()
+    best, who = -1, ""
+    for stamp, t in zip(seen.stamp, seen.t_common_ns):
+        if t - prev > best:
+            best, who = t - prev, stamp
+        prev = max(prev, t)
+    return who
+
+
+# ---- files -----------------------------------------------------------------------------------------
+
+def git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def machine_info() -> dict:
+    import torch
+
+    info = {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "hip": getattr(torch.version, "hip", None), "gpus": []}
+    for mod in ("triton", "flydsl"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - absent or broken: not installed for our purpose
+            info[mod] = None
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            info["gpus"].append({"name": p.name, "sms": p.multi_processor_count,
+                                 "memory_gib": round(p.total_memory / 2**30, 1),
+                                 "arch": getattr(p, "gcnArchName", None) or f"sm_{p.major}{p.minor}"})
+    return info
+
+
+def report_name(job: str, backend: str, tp: int) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")[:-4]
+    tag = backend.rpartition(":")[2].lower() if ":" in backend else backend
+    return f"{stamp}-{job}-{tag}-tp{tp}"
+
+
+def write_report(out: Path, job: str, backend: str, tp: int, results: pd.DataFrame, *, meta: dict,
+                 tables: dict[str, pd.DataFrame] | None = None, verdict: str = "",
+                 notes: list[str] | None = None, timeline: pd.DataFrame | None = None,
+                 extra_files: dict[str, str] | None = None) -> Path:
+    """Write the whole folder under a temp name, then rename it into place; returns its path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / report_name(job, backend, tp)
+    tmp = out / f".tmp-{final.name}"
+    tmp.mkdir()
+    try:
+        tables = {k: v for k, v in (tables or {}).items() if v is not None and not v.empty}
+        results.to_csv(tmp / "results.csv", index=False)
+        doc = {"schema_version": SCHEMA_VERSION, "job": job, "verdict": verdict, **meta,
+               "tables": {"results": _records(results)} | {k: _records(v) for k, v in tables.items()}}
+        (tmp / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+        if timeline is not None and not timeline.empty:
+            timeline.to_csv(tmp / "timeline.csv", index=False)
+            (tmp / "trace.json").write_text(json.dumps(chrome_trace(timeline)))
+            plot_timeline(timeline, tmp / "timeline.png")
+        if "p50_us" in results:
+            plot_latency(results, tmp / "latency.png", meta.get("config", {}))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        (tmp / "summary.md").write_text(summary_md(job, verdict, meta, results, tables, notes or [],
+                                                   timeline is not None and not timeline.empty))
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def summary_md(job, verdict, meta, results, tables, notes, has_timeline) -> str:
+    cfg = meta.get("config", {})
+    m = meta.get("machine", {})
+    lines = [f"# ffnq {job}: {verdict}", "",
+             f"- command: `{meta.get('command', '')}`", f"- git commit: `{meta.get('git_commit', '')}`",
+             f"- machine: {m.get('host')}, {m.get('cpus')} cpus, torch {m.get('torch')}, "
+             f"gpus: {', '.join(g['name'] for g in m.get('gpus', [])) or 'none'}",
+             f"- config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if k != "result_dir"), ""]
+    lines += [f"## {job}", "", markdown(results), ""]
+    for name, df in tables.items():
+        lines += [f"## {name}", "", markdown(df), ""]
+    if has_timeline:
+        lines += ["## clocks", "", CLOCK_NOTE, "", "timeline.csv holds every stamp; trace.json opens in "
+                  "Perfetto (ui.perfetto.dev): a process per rank, a thread per CTA.", ""]
+    lines += notes
+    return "\n".join(lines) + "\n"
+
+
+def chrome_trace(timeline: pd.DataFrame) -> dict:
+    """Chrome trace events: one process per rank, one thread per CTA, a span per phase."""
+    t0 = timeline.t_common_ns.min()
+    ev = []
+    for rank in sorted(timeline["rank"].unique()):
+        ev.append({"name": "process_name", "ph": "M", "pid": int(rank), "args": {"name": f"rank {rank}"}})
+        for cta in sorted(timeline.loc[timeline["rank"] == rank, "cta"].unique()):
+            ev.append({"name": "thread_name", "ph": "M", "pid": int(rank), "tid": int(cta),
+                       "args": {"name": f"CTA {cta}"}})
+    for (case, rank, cta), g in timeline.groupby(["case", "rank", "cta"], sort=False):
+        t = dict(zip(g.stamp, g.t_common_ns))
+        for name, a, b in SPANS:
+            if a in t and b in t and t[b] >= t[a]:
+                ev.append({"name": name, "cat": case, "ph": "X", "pid": int(rank), "tid": int(cta),
+                           "ts": (t[a] - t0) / 1e3, "dur": (t[b] - t[a]) / 1e3, "args": {"case": case}})
+        for stamp, v in t.items():
+            if "_seen" in stamp:
+                ev.append({"name": stamp.replace("_seen", " saw rank "), "cat": case, "ph": "i", "s": "t",
+                           "pid": int(rank), "tid": int(cta), "ts": (v - t0) / 1e3})
+    return {"traceEvents": ev, "displayTimeUnit": "ns",
+            "otherData": {"clock": CLOCK_NOTE, "ts_unit": "us on rank 0's clock"}}
+
+
+def plot_timeline(timeline: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(timeline.case))[:6]
+    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 1.6 + 1.4 * len(cases)), squeeze=False)
+    colors = dict(zip([s[0] for s in SPANS], plt.cm.tab10.colors))
+    for ax, case in zip(axes[:, 0], cases):
+        g = timeline[timeline.case == case]
+        t0 = g.t_common_ns.min()
+        labels = []
+        for y, ((rank, cta), gc) in enumerate(g.groupby(["rank", "cta"])):
+            t = dict(zip(gc.stamp, gc.t_common_ns))
+            for name, a, b in SPANS:
+                if a in t and b in t and t[b] >= t[a]:
+                    ax.barh(y, (t[b] - t[a]) / 1e6, left=(t[a] - t0) / 1e6, color=colors[name], label=name)
+            labels.append(f"r{rank} c{cta}")
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_title(case, fontsize=9, loc="left")
+        ax.set_xlabel("ms (rank 0's clock)")
+    handles, names = axes[0, 0].get_legend_handles_labels()
+    uniq = dict(zip(names, handles))
+    fig.legend(uniq.values(), uniq.keys(), loc="upper right", fontsize=7, ncol=4)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_latency(results: pd.DataFrame, path: Path, cfg: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    baselines = [c for c in results.columns if c.endswith("_p50_us") and c != "p50_us"]
+    curves = [("p50_us", "fused p50", "o-")] + [(c, f"{c[:-7]} p50", "s--") for c in baselines]
+    for col, label, style in curves + [("floor_us", "floor", "k:")]:
+        if col in results and results[col].notna().any():
+            ax.plot(results.width, results[col], style, label=label)
+    if "p90_us" in results:
+        ax.fill_between(results.width, results.p50_us, results.p90_us, alpha=0.2, label="fused p50..p90")
+    ax.set_xlabel("width (tokens)")
+    ax.set_ylabel("latency per step (us)")
+    ax.set_title(f"{cfg.get('backend')} tp{cfg.get('tp')} {cfg.get('model')} layers={cfg.get('layers', 1)}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def load_report(path: Path) -> dict:
+    """A saved report's results.json, with its tables as DataFrames."""
+    from ffnq.errors import UsageError
+
+    f = Path(path) / "results.json"
+    if not f.is_file():
+        raise UsageError(f"report {path}: no results.json there (a folder written by ffnq)")
+    try:
+        doc = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"report {path}: results.json is malformed ({e})") from None
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise UsageError(f"report {path}: schema_version {doc.get('schema_version')}, this ffnq reads {SCHEMA_VERSION}")
+    doc["tables"] = {k: pd.DataFrame(v) for k, v in doc.get("tables", {}).items()}
+    return doc

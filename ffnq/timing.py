@@ -1,0 +1,62 @@
+"""One timing function for every backend: samples of one step in microseconds.
+
+    time_steps(fn, steps, barrier=dist_barrier)                 # cpu: wall clock per call
+    time_steps(fn, steps, device="cuda:0", graph=True)          # GPU: CUDA-graph replay, events
+
+Budgets are in ms and become step counts (``steps_for``), as triton.testing.do_bench does.
+Ranks must agree on the count: the job takes the max estimate over ranks first.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+
+def steps_for(estimate_us: float, budget_ms: float, lo: int, hi: int) -> int:
+    """How many calls of ``estimate_us`` fit in ``budget_ms``, clamped to [lo, hi]."""
+    return max(lo, min(hi, int(budget_ms * 1e3 / max(estimate_us, 1e-3))))
+
+
+def time_steps(fn: Callable[[], object], steps: int, *, barrier: Callable[[], None] | None = None,
+               device: torch.device | str = "cpu", graph: bool = False) -> list[float]:
+    """``steps`` samples (us) of ``fn``. On cpu: a barrier (ranks start together), then the wall
+    clock around one call. On cuda with ``graph``: fn is captured once into a CUDA graph (every
+    collective setup must be done before) and each sample is one replay between two events."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        out = []
+        for _ in range(steps):
+            if barrier:
+                barrier()
+            t0 = time.perf_counter_ns()
+            fn()
+            out.append((time.perf_counter_ns() - t0) / 1e3)
+        return out
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(stream):
+        fn()  # warm the allocator on the capture stream
+        call = fn
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                fn()
+            call = g.replay
+        torch.cuda.synchronize(dev)
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+        for a, b in ev:
+            if barrier:
+                barrier()
+            a.record(stream)
+            call()
+            b.record(stream)
+        torch.cuda.synchronize(dev)
+    return [a.elapsed_time(b) * 1e3 for a, b in ev]
+
+
+def quantiles_us(samples: list[float]) -> dict:
+    t = torch.tensor(samples, dtype=torch.float64)
+    q = torch.quantile(t, torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64)).tolist()
+    return {"p50_us": q[0], "p90_us": q[1], "p99_us": q[2], "mean_us": float(t.mean()), "steps": len(samples)}

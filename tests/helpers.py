@@ -1,0 +1,28 @@
+"""Run the real ``ffnq`` console script in a subprocess (what a user types)."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def ffnq_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "ffnq"
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("ffnq")
+    return [found] if found else [sys.executable, "-m", "ffnq.cli"]
+
+
+def ffnq(*args, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    e = dict(os.environ, PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""), COLUMNS="200")
+    e.update(env or {})
+    return subprocess.run([*ffnq_cmd(), *map(str, args)], capture_output=True, text=True, env=e, timeout=timeout)
+
+
+def one_report(out: Path, job: str) -> Path:
+    found = [p for p in out.iterdir() if f"-{job}-" in p.name]
+    assert len(found) == 1, [p.name for p in out.iterdir()]
+    return found[0]

@@ -1,0 +1,105 @@
+"""The CLI: bad input through typer's CliRunner (exit 2, one line, no traceback, nothing written),
+``report`` and ``info``, and a real ``ffnq qualify`` at TP2 on cpu with injection, read back."""
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from ffnq.cli import app
+from ffnq.report import write_report
+from helpers import ffnq, one_report
+
+runner = CliRunner()
+
+BAD = [
+    (["qualify", "--widths", "0-3"], "--widths '0-3'"),
+    (["qualify", "--widths", "1-x"], "is not N or N-M"),
+    (["qualify", "--widths", "17"], "outside 1..16"),
+    (["bench", "--backend", "cuda"], "--backend 'cuda': allowed"),
+    (["qualify", "--model", "llama"], "model 'llama': no such file"),
+    (["qualify", "--runner", "nowhere.mod:Runner"], "cannot import nowhere.mod"),
+    (["qualify", "--runner", "json:dumps"], "not a runner class"),
+    (["qualify", "--experts", "some"], "--experts 'some': allowed all, local, none"),
+    (["qualify", "--tp", "0"], "--tp 0: must be >= 1"),
+    (["qualify", "--tp", "8"], "legal tp: 1, 2, 3, 4, 6"),
+    (["qualify", "--tp", "2", "--inject-rank", "2"], "--inject-rank '2': allowed 0..1"),
+    (["qualify", "--timeout", "0"], "--timeout 0.0: must be > 0"),
+    (["qualify", "--timeout", "-1"], "must be > 0"),
+    (["qualify", "--backend", "triton"], "needs a GPU and this host has none"),
+    (["bench", "--rep-ms", "0"], "--rep-ms 0.0"),
+    (["bench", "--baselines", "nccl"], "--baselines 'nccl': allowed auto, none"),
+    (["bench", "--baselines", "stock-symm"], "needs a GPU backend and --tp >= 2"),
+    (["warm", "--target", "sm_80"], "--target 'sm_80': allowed sm_90, gfx942, gfx950"),
+    (["warm", "--target", "sm_90", "--backend", "cpu"], "offline residency for cpu/sm_90 not available"),
+    (["gate", "missing.toml"], "gate config 'missing.toml': no such file"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
+    out = tmp_path / "reports"
+    r = runner.invoke(app, [*args, "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    text = r.output.strip()
+    assert message in text and len(text.splitlines()) == 1 and "Traceback" not in text
+    assert not out.exists()
+
+
+def test_bad_type_is_one_line_through_the_console_script(tmp_path):
+    r = ffnq("qualify", "--tp", "abc", "--out", tmp_path / "o")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--tp" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_malformed_gate_config(tmp_path):
+    bad = tmp_path / "g.toml"
+    bad.write_text("[[job]\n")
+    r = runner.invoke(app, ["gate", str(bad), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "malformed TOML" in r.output and not (tmp_path / "o").exists()
+
+
+def test_report_prints_a_saved_run(tmp_path):
+    df = pd.DataFrame({"width": [1, 16], "p50_us": [12.5, 40.0], "check": ["OK", "OK"]})
+    path = write_report(tmp_path, "bench", "cpu", 2, df, meta={"command": "ffnq bench", "config": {}},
+                        verdict="2 widths: OK")
+    r = runner.invoke(app, ["report", str(path)])
+    assert r.exit_code == 0 and "12.5" in r.output and "2 widths: OK" in r.output
+    r = runner.invoke(app, ["report", str(path), "--json"])
+    assert json.loads(r.stdout.splitlines()[0])["rows"][1] == {"width": 16, "p50_us": 40.0, "check": "OK"}
+    r = runner.invoke(app, ["report", str(tmp_path)])
+    assert r.exit_code == 2 and "no results.json" in r.output
+
+
+def test_info_lists_backends():
+    r = runner.invoke(app, ["info", "--json"])
+    rows = {x["item"]: x["value"] for x in json.loads(r.stdout)["rows"]}
+    assert r.exit_code == 0 and rows["backend cpu"] == "yes" and "torch" in rows
+
+
+def test_qualify_tp2_with_injection_end_to_end(tmp_path):
+    r = ffnq("qualify", "--backend", "cpu", "--tp", "2", "--model", "tiny", "--widths", "1,3",
+             "--inject-rank", "0", "--out", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "failed: OK" in r.stdout and "handshake" in r.stdout
+    rep = one_report(tmp_path, "qualify")
+    cases = pd.read_csv(rep / "results.csv")
+    assert (cases.status == "PASS").all() and len(cases) >= 12
+    assert {"correct", "correct+padding", "two-runners", "reset-mid-run", "inject-under r0", "inject-over r0",
+            "recovery r0", "stale-epoch older r1", "stale-epoch newer r1"} <= set(cases.case)
+    ok = cases[cases.case.str.startswith("correct")]
+    assert (ok.rel_err < 1e-2).all() and (ok.wrong == 0).all() and (ok.elements > 0).all()
+    over = cases.set_index("case").loc["inject-over r0"]
+    assert "missing [0]" in over.fault and "r1:" in over.fault and "r0:" in over.fault  # every rank names rank 0
+    doc = json.loads((rep / "results.json").read_text())
+    assert doc["schema_version"] == 1 and doc["config"]["inject_ranks"] == [0] and doc["machine"]["cpus"]
+    hs = pd.DataFrame(doc["tables"]["handshake"])
+    late = hs[(hs.phase == "seam") & (hs["rank"] == 1)].iloc[0]
+    assert late.waited_for == "rank 0" and late.wait_us > 150_000  # 0.3 s delay, seen by rank 1
+    trace = json.loads((rep / "trace.json").read_text())
+    assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1}
+    tl = pd.read_csv(rep / "timeline.csv")
+    assert {"case", "rank", "cta", "stamp", "t_ns", "t_common_ns"} <= set(tl.columns)
+    assert (rep / "timeline.png").stat().st_size > 1000
+    r = ffnq("report", rep)
+    assert r.returncode == 0 and "inject-over r0" in r.stdout

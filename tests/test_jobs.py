@@ -1,0 +1,94 @@
+"""The jobs on real ranks (torchrun, cpu, TP2): bench and warm end to end, a planted bug that
+qualify must catch, a rank that dies and a rank that hangs; plus the merge functions."""
+import json
+import time
+
+import pandas as pd
+import pytest
+
+from ffnq.jobs import bench, qualify
+from ffnq.timing import quantiles_us, steps_for, time_steps
+from helpers import ffnq, one_report
+
+
+def test_time_steps_and_budgets():
+    s = time_steps(lambda: time.sleep(0.002), 5)
+    assert len(s) == 5 and all(1900 < x < 200_000 for x in s)  # us
+    q = quantiles_us([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert q["p50_us"] == 3.0 and q["p90_us"] > q["p50_us"] and q["steps"] == 5
+    assert steps_for(1000.0, 50, 3, 100) == 50 and steps_for(1e6, 50, 3, 100) == 3 and steps_for(1, 1e3, 3, 100) == 100
+
+
+def test_qualify_summary_merges_ranks():
+    rows = pd.DataFrame([
+        {"case": "correct", "width": 2, "rank": 0, "status": "PASS", "rel_err": 1e-3, "wrong": 0, "elements": 10,
+         "route_rows": 2, "route_mismatch": 0, "route_excused": 0, "fault": "", "wall_ms": 3.0, "evidence": ""},
+        {"case": "correct", "width": 2, "rank": 1, "status": "FAIL", "rel_err": 5e-2, "wrong": 4, "elements": 10,
+         "route_rows": 2, "route_mismatch": 1, "route_excused": 1, "fault": "", "wall_ms": 4.0,
+         "evidence": "out[0,1] expected 1 got 2"},
+    ])
+    m = qualify.summarize(rows).iloc[0]
+    assert m.status == "FAIL" and m.rel_err == 5e-2 and m.wrong == 4 and m.elements == 20
+    assert m.route_agree == "3/4 (1 tie)" and m.evidence == "r1: out[0,1] expected 1 got 2" and m.wall_ms == 4.0
+
+
+def test_bench_summary_slowest_rank_and_speedup():
+    rows = pd.DataFrame([
+        {"width": 1, "variant": v, "rank": r, "check": "OK", "rel_err": 1e-3, "p50_us": p, "p90_us": p + 1,
+         "p99_us": p + 2, "steps": 10}
+        for v, r, p in (("fused", 0, 10.0), ("fused", 1, 12.0), ("unfused", 0, 30.0), ("unfused", 1, 36.0))])
+    m = bench.summarize(rows).iloc[0]
+    assert m.p50_us == 12.0 and m.skew_us == 2.0 and m.unfused_p50_us == 36.0 and m.speedup_unfused == 3.0
+
+
+def test_bench_tp2_layers(tmp_path):
+    r = ffnq("bench", "--backend", "cpu", "--tp", "2", "--widths", "1,4", "--layers", "2", "--rep-ms", "100",
+             "--warmup-ms", "20", "--baselines", "unfused,stock-nccl", "--json", "--out", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout.splitlines()[0])["rows"]
+    assert [x["width"] for x in rows] == [1, 4]
+    for x in rows:
+        assert x["check"] == "OK" and x["rel_err"] < 1e-2 and x["steps"] >= 10
+        assert 0 < x["p50_us"] <= x["p90_us"] <= x["p99_us"] and x["skew_us"] >= 0
+        assert x["speedup_unfused"] == pytest.approx(x["unfused_p50_us"] / x["p50_us"])
+        assert x["speedup_stock_nccl"] == pytest.approx(x["stock_nccl_p50_us"] / x["p50_us"])
+    rep = one_report(tmp_path, "bench")
+    assert (rep / "latency.png").stat().st_size > 1000
+    per_rank = pd.DataFrame(json.loads((rep / "results.json").read_text())["tables"]["per_rank"])
+    assert set(per_rank["rank"]) == {0, 1} and set(per_rank.variant) == {"fused", "unfused", "stock-nccl"}
+    assert (per_rank.layers == 2).all()
+
+
+def test_warm_tp2(tmp_path):
+    r = ffnq("warm", "--backend", "cpu", "--tp", "2", "--widths", "1-3,16", "--out", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    t = pd.read_csv(one_report(tmp_path, "warm") / "results.csv", keep_default_na=False)
+    assert t.width.tolist() == [1, 2, 3, 16] and (t.resident == "n/a").all() and (t.ctas_per_cu == "n/a").all()
+    assert t.kernel[0] == "ffn_tiny_s1_tp2_all" and (t.grid > 0).all()
+
+
+def test_qualify_catches_a_planted_bug(tmp_path):
+    """Padding rows sent to experts: the padded cases FAIL with the evidence, the others PASS."""
+    r = ffnq("qualify", "--runner", "mutants:PaddingToExperts", "--tp", "2", "--widths", "3", "--out", tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    cases = pd.read_csv(one_report(tmp_path, "qualify") / "results.csv").set_index("case")
+    assert cases.loc["correct", "status"] == "PASS"
+    assert cases.loc["correct+padding", "status"] == "FAIL"
+    assert "nonzero in padding rows" in cases.loc["correct+padding", "evidence"]
+
+
+def test_a_dead_rank_is_named(tmp_path):
+    t0 = time.monotonic()
+    r = ffnq("qualify", "--backend", "cpu", "--tp", "2", "--widths", "1", "--out", tmp_path,
+             env={"FFNQ_TEST_DIE_RANK": "1"})
+    assert r.returncode == 1 and "rank 1 died" in r.stderr and "Traceback" not in r.stderr
+    assert time.monotonic() - t0 < 60 and not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_a_hung_job_is_killed_at_its_deadline(tmp_path):
+    t0 = time.monotonic()
+    r = ffnq("qualify", "--backend", "cpu", "--tp", "2", "--widths", "1", "--deadline", "12", "--out", tmp_path,
+             env={"FFNQ_TEST_HANG_RANK": "0"})
+    assert r.returncode == 1 and "deadline of 12 s" in r.stderr and "rank 0 at hanging" in r.stderr
+    assert time.monotonic() - t0 < 40
+

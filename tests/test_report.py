@@ -1,0 +1,93 @@
+"""report: the handshake table, the Chrome trace, the folder written atomically and read back."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ffnq.errors import UsageError
+from ffnq.report import SCHEMA_VERSION, chrome_trace, handshake, load_report, markdown, show_table, write_report
+from ffnq.spec import stamp_names
+
+
+def fake_timeline(late_rank: int, delay_ns: int = 300_000_000, tp: int = 2, ctas: int = 2) -> pd.DataFrame:
+    """Ranks that scan their peers' flags in turn; ``late_rank`` arrives ``delay_ns`` late."""
+    rows = []
+    for r in range(tp):
+        for c in range(ctas):
+            t = 1_000 + (delay_ns if r == late_rank else 0)
+            stamps = {"start": 0, "seam_arrive": t}
+            for src in range(tp):  # its own flag at once, the late rank's after the delay
+                late = src == late_rank and r != late_rank
+                stamps[f"seam_seen{src}"] = delay_ns + 5_000 if late else t + 100 * (src + 1)
+            stamps["seam_done"] = max(v for k, v in stamps.items() if "seen" in k) + 10
+            for n, v in stamps.items():
+                rows.append({"case": "inject-under r1", "rank": r, "cta": c, "stamp": n, "t_ns": v + 7 * r,
+                             "t_common_ns": v})
+    return pd.DataFrame(rows)
+
+
+def test_handshake_blames_the_late_rank():
+    hs = handshake(fake_timeline(1), 2).set_index("rank")
+    assert hs.loc[0, "waited_for"] == "rank 1" and hs.loc[0, "wait_us"] > 290_000
+    assert hs.loc[1, "skew_us"] == pytest.approx(300_000, rel=1e-3) and hs.loc[0, "skew_us"] == 0
+    assert hs.loc[1, "wait_us"] < 10
+
+
+def test_chrome_trace_is_spans_per_rank_and_cta():
+    tr = chrome_trace(fake_timeline(1))
+    spans = [e for e in tr["traceEvents"] if e["ph"] == "X"]
+    assert {(e["pid"], e["tid"]) for e in spans} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    wait = [e for e in spans if e["name"] == "seam wait" and e["pid"] == 0]
+    assert wait and all(e["dur"] > 290_000 for e in wait)  # us
+    assert json.loads(json.dumps(tr))["displayTimeUnit"] == "ns"
+
+
+def test_stamp_names_cover_the_trace_spans():
+    from ffnq.report import SPANS
+
+    names = set(stamp_names(2))
+    assert all(a in names and b in names for _, a, b in SPANS)
+
+
+def test_write_report_atomic_and_read_back(tmp_path):
+    res = pd.DataFrame({"case": ["correct"], "width": [4], "status": ["PASS"], "rel_err": [2e-3]})
+    tl = fake_timeline(0)
+    meta = {"command": "ffnq qualify", "machine": {"host": "h", "cpus": 2, "gpus": []}, "git_commit": "abc",
+            "config": {"backend": "cpu", "tp": 2}}
+    path = write_report(tmp_path, "qualify", "cpu", 2, res, meta=meta, verdict="1 cases, 0 failed: OK",
+                        tables={"handshake": handshake(tl, 2)}, timeline=tl)
+    assert path.name.endswith("-qualify-cpu-tp2") and [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert {p.name for p in path.iterdir()} >= {"summary.md", "results.csv", "results.json", "timeline.csv",
+                                                 "trace.json", "timeline.png"}
+    doc = load_report(path)
+    assert doc["schema_version"] == SCHEMA_VERSION and doc["git_commit"] == "abc"
+    assert doc["tables"]["results"].status.tolist() == ["PASS"]
+    assert pd.read_csv(path / "results.csv").width.tolist() == [4]
+    assert "OK" in (path / "summary.md").read_text() and "median" in (path / "summary.md").read_text()
+
+
+def test_write_report_leaves_nothing_on_failure(tmp_path):
+    class Boom(pd.DataFrame):
+        def to_csv(self, *a, **k):
+            raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        write_report(tmp_path, "bench", "cpu", 2, Boom({"width": [1]}), meta={})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_report_refuses_a_foreign_folder(tmp_path):
+    with pytest.raises(UsageError, match="no results.json"):
+        load_report(tmp_path)
+    (tmp_path / "results.json").write_text("{")
+    with pytest.raises(UsageError, match="malformed"):
+        load_report(tmp_path)
+
+
+def test_show_table_json_and_markdown(capsys):
+    df = pd.DataFrame({"width": [1, 2], "p50_us": [3.5, float("nan")]})
+    show_table(df, json_out=True, title="t")
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rows"][0] == {"width": 1, "p50_us": 3.5} and doc["rows"][1]["p50_us"] is None
+    assert markdown(df).splitlines()[2] == "| 1 | 3.5 |"
