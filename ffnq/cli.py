@@ -228,8 +228,10 @@ def bench(
                                           rich_help_panel=JOB)] = 1000.0,
     warmup_ms: Annotated[float, typer.Option("--warmup-ms", help="warm-up budget per width and variant (ms)",
                                              rich_help_panel=JOB)] = 200.0,
-    baselines: Annotated[str, typer.Option(help="auto (unfused; on a GPU also stock-nccl and, at tp > 1, "
-                                           "stock-symm), none, or a list of unfused, stock-nccl, stock-symm",
+    baselines: Annotated[str, typer.Option(help="auto (cpu: unfused; GPU: unfused = NCCL + torch._grouped_mm "
+                                           "composition and, at tp > 1, stock = the same with the symm-mem "
+                                           "one-shot all-reduce), none, or a list of unfused, stock, "
+                                           "stock-nccl, stock-symm",
                                            rich_help_panel=JOB)] = "auto",
     deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
     json_out: Json = False,
@@ -243,6 +245,70 @@ def bench(
                         **parse_baselines(baselines))
         lat, _ = run_bench(opts, out, json_out)
         return 1 if (lat.check != "OK").any() else 0
+
+    raise typer.Exit(_guard(body))
+
+
+def run_soak(opts, out: Path, json_out: bool):
+    """Launch soak; on a fault or a dead rank still report every step that finished."""
+    from ffnq import launch
+    from ffnq.jobs.soak import summarize
+    from ffnq.report import show_table, write_report
+
+    error = None
+    try:
+        res = launch.run("soak", opts, progress=not json_out)
+        recs, meta = res.records, _meta(opts, res)
+    except launch.LaunchError as e:
+        error, recs, meta = str(e), e.records, _meta(opts) | {"error": str(e)}
+    table, bad = summarize(recs, opts.tp, error)
+    n = int(table.mismatches.sum()) if len(table) else 0
+    verdict = (f"{int(table.steps.min()) if len(table) else 0} steps, {n} mismatches, "
+               f"{int(table.stale.sum()) if len(table) else 0} stale: "
+               + ("FAILED" if error or n else "OK") + (f" ({error})" if error else ""))
+    show_table(table, json_out=json_out, title=f"soak {opts.backend} tp{opts.tp} {opts.model} "
+               f"widths={','.join(map(str, opts.widths))} runners={opts.runners}")
+    path = write_report(out, "soak", opts.backend, opts.tp, table, meta=meta, verdict=verdict,
+                        tables={"mismatches": bad})
+    if error:
+        _err(error)
+    _footer(verdict, json_out)
+    _saved(path, json_out)
+    return table, error
+
+
+@app.command()
+def soak(
+    backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
+    experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = 0,
+    steps: Annotated[int, typer.Option(help="random steps to run, every one checked", rich_help_panel=JOB)] = 1000,
+    random_padding: Annotated[bool, typer.Option("--random-padding/--no-random-padding",
+                                                 help="random padding rows every step", rich_help_panel=JOB)] = True,
+    runners: Annotated[int, typer.Option(help="runners sharing one peer buffer and epoch", rich_help_panel=JOB)] = 2,
+    check_every: Annotated[Optional[int], typer.Option(help="steps per reference check (default: every step on "
+                                                       "cpu, 1 in 100 on a GPU; checksums every step)",
+                                                       rich_help_panel=JOB)] = None,
+    kill_rank: Annotated[Optional[int], typer.Option(help="chaos: this rank SIGKILLs itself at --at-step",
+                                                     rich_help_panel=JOB)] = None,
+    hang_rank: Annotated[Optional[int], typer.Option(help="chaos: this rank stops arriving at --at-step",
+                                                     rich_help_panel=JOB)] = None,
+    at_step: Annotated[Optional[int], typer.Option(help="the step of --kill-rank/--hang-rank",
+                                                   rich_help_panel=JOB)] = None,
+    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
+    json_out: Json = False,
+):
+    """Many random steps (width, padding, final, runner), every one checked; optional chaos.
+
+    Exit 1 on any mismatch, stale match, fault or dead rank (named), 0 otherwise.
+    """
+    def body():
+        if check_every is not None and check_every < 1:
+            raise UsageError(f"--check-every {check_every}: must be >= 1")
+        opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
+                        deadline, steps=steps, random_padding=random_padding, runners=runners,
+                        check_every=check_every, kill_rank=kill_rank, hang_rank=hang_rank, at_step=at_step)
+        table, error = run_soak(opts, out, json_out)
+        return 1 if error or not len(table) or table.mismatches.sum() or table.stale.sum() else 0
 
     raise typer.Exit(_guard(body))
 

@@ -249,6 +249,7 @@ class JobResult:
     command: list[str]
     wall_s: float
     tag: str
+    records: list[dict] = field(default_factory=list)  # every rank's rows (merged), as written
 
 
 def read_records(result_dir: Path) -> list[dict]:
@@ -298,7 +299,7 @@ def run(job: str, opts: JobOptions, progress: bool = True) -> JobResult:
         for r in recs:
             if r.get("kind") == "row":
                 rows.setdefault(r["table"], []).append(r["data"])
-        return JobResult({k: pd.DataFrame(v) for k, v in rows.items()}, cmd, wall, tag)
+        return JobResult({k: pd.DataFrame(v) for k, v in rows.items()}, cmd, wall, tag, recs)
 
 
 def _wait(proc, result_dir: Path, end: float, job: str, progress: bool) -> int | None:

@@ -148,6 +148,9 @@ def _waited_for(gr: pd.DataFrame, ph: str) -> str:
 # ---- files -----------------------------------------------------------------------------------------
 
 def git_commit() -> str:
+    """HEAD (with -dirty), or FFNQ_COMMIT where the tree has no .git (a copy on a device host)."""
+    if os.environ.get("FFNQ_COMMIT"):
+        return os.environ["FFNQ_COMMIT"]
     try:
         root = Path(__file__).resolve().parent.parent
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,

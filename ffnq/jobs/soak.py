@@ -131,6 +131,31 @@ class Soak:
         hist.append(ref.out)
 
 
+def summarize(recs: list[dict], tp: int, error: str | None = None):
+    """One row per rank from its final ``soak`` row, else its last checkpoint (a rank that died
+    or hung); and the mismatch rows."""
+    import pandas as pd
+
+    final, last, bad = {}, {}, []
+    for r in recs:
+        if r.get("kind") == "row" and r.get("table") == "soak":
+            final[r["rank"]] = r["data"]
+        elif r.get("kind") == "row" and r.get("table") == "mismatch":
+            bad.append(r["data"])
+        elif r.get("kind") == "checkpoint":
+            last[r["rank"]] = {k: v for k, v in r.items() if k not in ("kind", "t")}
+    rows = []
+    for rank in range(tp):
+        row = final.get(rank) or (last.get(rank, {"rank": rank, "steps": 0}) | {"ended": "no final word"})
+        rows.append({"rank": rank} | {k: row.get(k) for k in ("steps", "checked", "mismatches", "stale",
+                                                               "disagree", "faults", "steps_per_s", "rss_start_mb",
+                                                               "rss_end_mb", "wall_s", "ended")})
+    table = pd.DataFrame(rows)
+    for c in ("steps", "checked", "mismatches", "stale", "disagree", "faults"):
+        table[c] = table[c].fillna(0).astype(int)
+    return table, pd.DataFrame(bad)
+
+
 def body(opts: dict, rec: Records) -> None:
     soak = Soak(opts, rec)
     try:
