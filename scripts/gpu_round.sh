@@ -3,7 +3,7 @@
 # the device machine, by the device tool). Steps run in order, each under its own time limit;
 # a failing step does not stop the next. Reports land in $OUT/reports.tgz (one file, since the
 # tool brings back at most 8), logs in $OUT/round.log.
-#   prewarm1 prewarm2   fill Triton's cache for TP1/TP2 minimax-m2 with parallel CPU compiles
+#   prewarm (both) prewarm1 prewarm2   fill Triton's cache for TP1/TP2 minimax-m2 with parallel CPU compiles
 #   warm2 qualify2 bench2 soak2 gate2   TP2 on 2 GPUs      warm1 qualify1 bench1 gate1   TP1
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -27,15 +27,16 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 git log -1 --format='commit %H %s' 2>/dev/null || true
 for s in "$@"; do
   case $s in
+    prewarm) step $s 150 bash -c "python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 --tp 1 --jobs 8 & python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 --tp 2 --jobs 8; wait" ;;
     prewarm1) step $s 120 python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 --tp 1 --jobs 14 ;;
     prewarm2) step $s 120 python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 --tp 2 --jobs 14 ;;
     warm1) step $s 120 $FF warm $M --tp 1 --out "$R" ;;
     warm2) step $s 120 $FF warm $M --tp 2 --out "$R" ;;
     qualify1) step $s 240 $FF qualify $M --tp 1 --inject-rank all --out "$R" ;;
     qualify2) step $s 240 $FF qualify $M --tp 2 --inject-rank all --out "$R" ;;
-    bench1) step $s 240 $FF bench $M --tp 1 --widths 1-16 --out "$R" ;;
-    bench2) step $s 240 $FF bench $M --tp 2 --widths 1-16 --out "$R" ;;
-    soak2) step $s 240 $FF soak $M --tp 2 --steps 100000 --widths 1-16 --random-padding --runners 2 --out "$R" ;;
+    bench1) step $s 150 $FF bench $M --tp 1 --widths 1-16 --rep-ms 300 --out "$R" ;;
+    bench2) step $s 200 $FF bench $M --tp 2 --widths 1-16 --rep-ms 300 --out "$R" ;;
+    soak2) step $s 230 $FF soak $M --tp 2 --steps 100000 --widths 1-16 --random-padding --runners 2 --out "$R" ;;
     gate1) step $s 300 $FF gate configs/gates/h200-tp1.toml --out "$R" ;;
     gate2) step $s 300 $FF gate configs/gates/h200x2-tp2.toml --out "$R" ;;
     *) echo "unknown step $s" ;;
