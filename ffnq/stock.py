@@ -63,7 +63,9 @@ class Stock:
         e = local.clamp(0, self.n - 1).flatten()
         order = torch.argsort(e, stable=True)
         rows = torch.arange(s, device=part.device).repeat_interleave(m.top_k)[order]
-        offs = torch.cumsum(torch.bincount(e, minlength=self.n), 0).to(torch.int32)
+        # scatter_add, not bincount: bincount reads the max back to the host, which a graph forbids
+        counts = torch.zeros(self.n, dtype=torch.int64, device=part.device).scatter_add_(0, e, torch.ones_like(e))
+        offs = torch.cumsum(counts, 0).to(torch.int32)
         xs = x.to(torch.bfloat16)[rows]
         gu = torch._grouped_mm(xs, self.w13, offs=offs)
         a = F.silu(gu[:, : self.half]) * gu[:, self.half:]
