@@ -17,17 +17,38 @@ from ffnq.timing import time_steps
 L2_MULTIPLE = 4  # read sets together this many times the L2, so each read comes from HBM
 
 
-def hbm_read_gbps(device: torch.device, mbytes: int = 256) -> float:
-    """Read-only bandwidth (GB/s, bytes read only): one graph reads every buffer of a set
-    several times the L2, so each read comes from HBM."""
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+def _read_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_all(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        """Every program sums a grid-strided share of x: 16-byte loads, nothing written back
+        but one word per program, so the bytes moved are the bytes read."""
+        pid, nprog = tl.program_id(0), tl.num_programs(0)
+        acc = tl.zeros([BLOCK], dtype=tl.int32)
+        for start in range(pid * BLOCK, n, nprog * BLOCK):  # n is a multiple of BLOCK: no mask
+            acc += tl.load(x_ptr + tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK))
+        tl.store(out_ptr + pid, tl.sum(acc))
+
+    return read_all
+
+
+def hbm_read_gbps(device: torch.device, mbytes: int = 512) -> float:
+    """Read-only bandwidth (GB/s, bytes read only) of a grid-stride Triton read over buffers
+    together several times the L2, so each read comes from HBM."""
+    props = torch.cuda.get_device_properties(device)
+    l2 = getattr(props, "L2_cache_size", 64 << 20)
     n = mbytes << 20
     sets = max(2, -(-L2_MULTIPLE * l2 // n))
     bufs = [torch.randint(-2**30, 2**30, (n // 4,), dtype=torch.int32, device=device) for _ in range(sets)]
+    grid = props.multi_processor_count * 4
+    out = torch.empty(grid, dtype=torch.int32, device=device)
+    kernel = _read_kernel()
 
     def read_all():
         for b in bufs:
-            b.sum(dtype=torch.int64)
+            kernel[(grid,)](b, out, b.numel(), BLOCK=4096, num_warps=8)
 
     us = statistics.median(time_steps(read_all, 10, device=device, graph=True))
     return sets * n / us / 1e3

@@ -117,7 +117,7 @@ class Soak:
         self.n["checked"] += 1
         ref = reference.step(parts, residual, slots, self.job.full, self.job.model, self.job.experts, self.cache)
         c, cr = reference.compare(out, ref.out), reference.compare(res_out, ref.res_out)
-        route = r.view(s, "route").long().cpu()
+        route = r.view(s, "route").long().to(ref.chosen.device)
         route_ok = bool(((route == ref.chosen).all(-1) | ref.near_tie).all())
         ok = c["rel_err"] <= reference.MAX_REL_ERR and c["wrong"] == 0 and cr["wrong"] == 0 and route_ok
         hist = self.history.setdefault(s, deque(maxlen=4))
