@@ -248,7 +248,7 @@ class CpuStep:
         for c in range(r.BLOCKS):
             for src in range(r.tp):
                 if self.faulted:
-                    return  # after a fault no wait is entered again
+                    break  # after a fault no wait is entered again; the span still ends here
                 spins = 0
                 while True:
                     v = int(flags[c, src])

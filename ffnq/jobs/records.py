@@ -96,6 +96,8 @@ def main(body: Callable[[dict, Records], None]) -> None:
         body(opts, rec)
         rec.gather()
         rec.write("done")
+    except SystemExit:  # ended from outside (torchrun after another rank died): not this rank's fault
+        raise
     except BaseException as e:  # noqa: BLE001 - recorded for the launcher, then re-raised
         msg = str(e).splitlines()[0] if str(e) else ""
         rec.write("error", message=f"{type(e).__name__}: {msg}", trace=traceback.format_exc())

@@ -48,6 +48,14 @@ def checksum(out: torch.Tensor, res_out: torch.Tensor) -> torch.Tensor:
     return torch.stack([out.double().sum(), out.double().abs().sum(), res_out.double().sum()]).cpu()
 
 
+class Terminated(Exception):
+    """SIGTERM (torchrun ending the job after another rank died): report, then go."""
+
+
+def _on_term(signum, frame):
+    raise Terminated()
+
+
 class Soak:
     def __init__(self, opts: dict, rec: Records):
         self.opts, self.rec = opts, rec
@@ -69,9 +77,17 @@ class Soak:
                 "rss_start_mb": round(self.rss0, 1), "rss_end_mb": round(rss_mb(), 1), "wall_s": round(dt, 2)}
 
     def run(self) -> None:
+        t0 = time.perf_counter()
+        signal.signal(signal.SIGTERM, _on_term)
+        try:
+            self.loop(t0)
+        except Terminated:
+            self.rec.row("soak", self.counts(t0) | {"ended": f"terminated after {self.n['steps']} steps"})
+            raise SystemExit(143) from None
+
+    def loop(self, t0: float) -> None:
         o = self.opts
         steps = o["steps"]
-        t0 = time.perf_counter()
         for step in range(steps):
             if step == o.get("at_step"):
                 self.chaos()
