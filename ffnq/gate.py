@@ -32,8 +32,8 @@ from ffnq.errors import UsageError
 VERBS = ("warm", "qualify", "bench")
 OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout", "seed", "inject_rank", "layers",
                "rep_ms", "warmup_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint"}
-THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_nccl_min",
-              "speedup_stock_symm_min"}
+THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
+              "speedup_stock_nccl_min", "speedup_stock_symm_min"}
 
 
 def load_gate(path: str | Path) -> dict:
@@ -120,7 +120,7 @@ def checks(verb: str, table: pd.DataFrame, th: dict, report: str) -> list[dict]:
                 p50 = r.get("p50_us")
                 add(f"p50 w={int(r.width)}", p50 == p50 and p50 is not None and p50 <= float(lim),
                     f"{p50:.1f} us" if p50 == p50 else f"not timed ({r.get('check')})", f"<= {float(lim):g} us")
-        for base in ("unfused", "stock_nccl", "stock_symm"):
+        for base in ("unfused", "stock", "stock_nccl", "stock_symm"):
             lo = th.get(f"speedup_{base}_min")
             if lo is None:
                 continue
