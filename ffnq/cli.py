@@ -233,6 +233,9 @@ def bench(
                                            "one-shot all-reduce), none, or a list of unfused, stock, "
                                            "stock-nccl, stock-symm",
                                            rich_help_panel=JOB)] = "auto",
+    phase_split: Annotated[bool, typer.Option("--phase-split", help="also time the kernel with --experts none: "
+                                              "none_p50_us (seam + router + reduce) and experts_us = p50 - that",
+                                              rich_help_panel=JOB)] = False,
     deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
     json_out: Json = False,
 ):
@@ -241,7 +244,7 @@ def bench(
         if not rep_ms > 0 or warmup_ms < 0:
             raise UsageError(f"--rep-ms {rep_ms} / --warmup-ms {warmup_ms}: need rep > 0 and warmup >= 0 (ms)")
         opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
-                        deadline, layers=layers, rep_ms=rep_ms, warmup_ms=warmup_ms,
+                        deadline, layers=layers, rep_ms=rep_ms, warmup_ms=warmup_ms, phase_split=phase_split,
                         **parse_baselines(baselines))
         lat, _ = run_bench(opts, out, json_out)
         return 1 if (lat.check != "OK").any() else 0
@@ -309,6 +312,44 @@ def soak(
                         check_every=check_every, kill_rank=kill_rank, hang_rank=hang_rank, at_step=at_step)
         table, error = run_soak(opts, out, json_out)
         return 1 if error or not len(table) or table.mismatches.sum() or table.stale.sum() else 0
+
+    raise typer.Exit(_guard(body))
+
+
+@app.command()
+def compare(
+    base: Annotated[Path, typer.Argument(help="the saved run to compare against (report folder or its results.json)")],
+    new: Annotated[Path, typer.Argument(help="the run under judgement")],
+    out: Out = Path("reports"), json_out: Json = False,
+):
+    """Per width p50/p99 deltas against a noise band from each run's samples; qualify cases that
+    changed status; residency changes. Exit 0 (informational; `ffnq gate` judges)."""
+    def body():
+        from ffnq import compare as cmp
+        from ffnq.report import console, err_console, show_table, write_report
+
+        b, n = cmp.load(base), cmp.load(new)
+        table = cmp.compare(b, n)
+        notes = [f"noise band: {cmp.__doc__.split('Verdict')[0].split('band built from')[1].strip()}"]
+        keys = ("backend", "model", "tp", "experts", "layers")
+        diff = {k: (b.get("config", {}).get(k), n.get("config", {}).get(k)) for k in keys
+                if b.get("config", {}).get(k) != n.get("config", {}).get(k)}
+        if diff:
+            notes.append(f"the runs differ in {diff}: compare with care")
+        counts = table.verdict.value_counts().to_dict() if len(table) else {}
+        verdict = f"{len(table)} rows: " + (", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no change")
+        show_table(table, json_out=json_out, title=f"compare {b['job']}: {Path(base).name} -> {Path(new).name}")
+        path = write_report(out, "compare", b.get("config", {}).get("backend", "x"), b.get("config", {}).get("tp", 0),
+                            table, meta=_meta({"base": str(base), "new": str(new)}) | {"config": n.get("config", {})},
+                            verdict=verdict, notes=notes)
+        if b["job"] == "bench":
+            cmp.plot(b["tables"]["results"], n["tables"]["results"], path / "latency.png",
+                     (Path(base).name, Path(new).name))
+        for line in notes:
+            (err_console if json_out else console).print(f"# {line}", highlight=False, soft_wrap=True)
+        _footer(verdict, json_out)
+        _saved(path, json_out)
+        return 0
 
     raise typer.Exit(_guard(body))
 

@@ -13,7 +13,13 @@ A config (configs/gates/*.toml):
     qualify_all_pass = true   # every qualify case PASS
     p50_us_max = 2000         # every bench width; or a table { "1" = 500, "16" = 2000 }
     speedup_unfused_min = 1.0 # bench p50 beats the unfused baseline by at least this factor
-    speedup_stock_nccl_min = 1.0  # likewise for the stock composition (GPU; also stock_symm)
+    speedup_stock_min = 1.0   # likewise for the stock composition (GPU)
+    max_slower_pct = 5        # relative: no width's p50 more than 5% slower than [compare]'s
+                              # report, beyond the noise band (ffnq.compare)
+    no_new_fail = true        # relative: no qualify case PASS in [compare]'s report, FAIL now
+    [compare]                 # the last good runs, per job (report folders)
+    bench = "reports/...-bench-triton-tp2"
+    qualify = "reports/...-qualify-triton-tp2"
 
 Exit 0 every check passed, 1 a check failed, 2 the gate could not run (config missing or
 malformed, bad options, a job that died or passed its deadline). Each job writes its own report;
@@ -33,7 +39,8 @@ VERBS = ("warm", "qualify", "bench")
 OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout", "seed", "inject_rank", "layers",
                "rep_ms", "warmup_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint"}
 THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
-              "speedup_stock_nccl_min", "speedup_stock_symm_min"}
+              "speedup_stock_nccl_min", "speedup_stock_symm_min",
+              "max_slower_pct", "no_new_fail"}
 
 
 def load_gate(path: str | Path) -> dict:
@@ -67,7 +74,38 @@ def load_gate(path: str | Path) -> dict:
     if bad:
         raise UsageError(f"gate config {p}: unknown threshold(s) {', '.join(sorted(bad))}; allowed "
                          f"{', '.join(sorted(THRESHOLDS))}")
-    return {"name": cfg.get("name", p.stem), "path": str(p), "jobs": out, "thresholds": th}
+    cmp = cfg.get("compare", {})
+    for verb, rel in cmp.items():
+        path = (p.parent.parent.parent / rel) if not Path(rel).is_absolute() and not Path(rel).exists() else Path(rel)
+        if verb not in VERBS or not (path / "results.json").is_file():
+            raise UsageError(f"gate config {p}: [compare] {verb} = {rel!r}: need a job name ({', '.join(VERBS)}) "
+                             f"and a report folder with results.json")
+        cmp[verb] = str(path)
+    return {"name": cfg.get("name", p.stem), "path": str(p), "jobs": out, "thresholds": th, "compare": cmp}
+
+
+def relative_checks(verb: str, base_path: str, new_path: str, th: dict) -> list[dict]:
+    """One row per compared row (ffnq.compare) that the relative thresholds judge."""
+    from ffnq.compare import compare, load
+
+    rows = []
+    table = compare(load(base_path), load(new_path))
+    pct = th.get("max_slower_pct")
+    for _, r in table.iterrows():
+        if r.kind == "latency" and r.metric == "p50_us" and pct is not None:
+            bad = r.verdict == "slower" and r.delta_pct > float(pct)
+            rows.append({"check": f"vs base p50 {r.key}", "job": verb, "result": "FAIL" if bad else "PASS",
+                         "value": f"{r.new:.1f} us vs {r.base:.1f} ({r.delta_pct:+.1f}%, noise {r.band_pct:.1f}%, "
+                                  f"{r.verdict})", "threshold": f"<= +{float(pct):g}% beyond noise",
+                         "report": new_path})
+        if r.kind in ("qualify", "residency") and th.get("no_new_fail"):
+            bad = r.verdict == "regressed"
+            rows.append({"check": f"vs base {r.key} {r.metric}", "job": verb, "result": "FAIL" if bad else "PASS",
+                         "value": f"{r.base} -> {r.new}", "threshold": "no PASS -> FAIL", "report": new_path})
+    if verb == "qualify" and th.get("no_new_fail") and not any(r["job"] == verb for r in rows):
+        rows.append({"check": "vs base qualify statuses", "job": verb, "result": "PASS",
+                     "value": "no case changed status", "threshold": "no PASS -> FAIL", "report": new_path})
+    return rows
 
 
 def job_options(opts: dict):
@@ -164,6 +202,8 @@ def run_gate(config: str, out: Path, json_out: bool) -> int:
     for verb, opts in jobs:
         table, path = runners[verb](opts, out, json_out)
         rows += checks(verb, table, cfg["thresholds"], str(path))
+        if verb in cfg["compare"]:
+            rows += relative_checks(verb, cfg["compare"][verb], str(path), cfg["thresholds"])
     df = pd.DataFrame(rows, columns=["check", "job", "result", "value", "threshold", "report"])
     if df.empty:
         raise UsageError(f"gate config {cfg['path']}: no [thresholds] apply to its jobs; nothing to judge")

@@ -16,6 +16,7 @@ from ffnq.baseline import Unfused
 from ffnq.dist import barrier
 from ffnq.jobs.rank import setup
 from ffnq.jobs.records import Records, main, max_over_ranks
+from ffnq.spec import Experts
 from ffnq.timing import quantiles_us, steps_for, time_steps
 
 CASE = 50_000  # input case ids of bench (qualify uses small ones)
@@ -57,7 +58,6 @@ def baselines(job, names: list[str], sets: list) -> list[tuple[str, list]]:
     user writes (NCCL all-reduce, rms_norm, fp32 router, torch._grouped_mm over bf16 experts,
     NCCL all-reduce) and, at tp > 1, (c) ``stock``: the same with torch.ops.symm_mem's one-shot
     all-reduce in place of NCCL."""
-    from ffnq.spec import Experts
     from ffnq.stock import Stock
 
     cuda = job.device.type == "cuda"
@@ -86,7 +86,6 @@ def floor_terms(job) -> tuple[float, float] | None:
 
 def touched(job, chosen: torch.Tensor) -> int:
     """Distinct experts this rank reads for these rows (padding rows are -1)."""
-    from ffnq.spec import Experts
 
     ids = torch.unique(chosen[chosen >= 0]).tolist()
     if job.experts is Experts.NONE:
@@ -106,6 +105,10 @@ def run(job, opts: dict, rec: Records) -> None:
     variants = [("fused", [fused] * len(sets))]
     if opts["baseline"]:
         variants += baselines(job, opts.get("baselines") or [], sets)
+    if opts.get("phase_split") and job.experts is not Experts.NONE:
+        none = job.runner(widths, experts=Experts.NONE)  # same peer buffer: shares the epoch
+        none.warm(job.weights)
+        variants.append(("none", [none] * len(sets)))
     graph = job.device.type == "cuda"
     floor = floor_terms(job)
     total, done = len(widths) * len(variants), 0
@@ -113,6 +116,7 @@ def run(job, opts: dict, rec: Records) -> None:
         parts, residual, slots = job.inputs(s, CASE + s)
         part = parts[job.rank]
         ref = reference.step(parts, residual, slots, job.full, job.model, job.experts)
+        ref_none = reference.step(parts, residual, slots, job.full, job.model, Experts.NONE)
         extra = {}
         if floor:
             from ffnq.floor import floor_us
@@ -138,11 +142,12 @@ def run(job, opts: dict, rec: Records) -> None:
 
             barrier()
             out, res_out = one(rs[0], sets[0])
-            fault = fused.fault(s) if name == "fused" else None
-            c = reference.compare(out, ref.out)
-            c2 = reference.compare(res_out, ref.res_out)
+            fault = rs[0].fault(s) if name in ("fused", "none") else None
+            want = ref_none if name == "none" else ref
+            c = reference.compare(out, want.out)
+            c2 = reference.compare(res_out, want.res_out)
             rel = max(c["rel_err"], c2["rel_err"])
-            if name == "fused":  # the kernel under test: the qualify standard
+            if name in ("fused", "none"):  # the kernel under test: the qualify standard
                 ok = not fault and c["wrong"] + c2["wrong"] == 0 and rel <= reference.MAX_REL_ERR
             else:  # a baseline only has to compute the same step (stock parts round in bf16)
                 ok = rel <= BASELINE_REL_ERR and c2["wrong"] == 0
@@ -193,6 +198,10 @@ def summarize(lat: pd.DataFrame) -> pd.DataFrame:
                 continue
             key = v.replace("-", "_")
             row[f"{key}_p50_us"] = b.p50_us.max()
+            if v == "none":  # the phase split: the same kernel without expert work
+                if "p50_us" in row:
+                    row["experts_us"] = row["p50_us"] - row["none_p50_us"]
+                continue
             if "p50_us" in row:
                 row[f"speedup_{key}"] = row[f"{key}_p50_us"] / row["p50_us"]
         if "floor_us" in f and f.floor_us.notna().any():

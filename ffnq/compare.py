@@ -1,0 +1,114 @@
+"""ffnq compare BASE NEW: did this run get slower or less safe than a saved one?
+
+Latency (bench reports): per width, the fused p50 and p99 and every baseline's p50. A delta is
+judged against a noise band built from each run's own repeated samples: the standard error of
+a run's median is about 0.98 (p90 - p50) / sqrt(steps) (the normal approximation of the
+median's spread, with (p90 - p50) / 1.28 estimating the sample spread), the p99's three times
+that; band = 3 x sqrt(se_base^2 + se_new^2). Verdict: ``faster`` / ``slower`` beyond the band,
+else ``same``. Qualify reports: a case that changed status (``regressed`` PASS -> FAIL,
+``fixed``, ``new``, ``gone``). Warm reports: a width whose residency or CTAs per CU changed.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ffnq.errors import UsageError
+from ffnq.report import load_report
+
+BAND_SIGMAS = 3.0
+COLUMNS = ["kind", "key", "metric", "base", "new", "delta_pct", "band_pct", "verdict"]
+
+
+def load(path: str | Path) -> dict:
+    p = Path(path)
+    return load_report(p.parent if p.name == "results.json" else p)
+
+
+def _se(row, q: str) -> float:
+    n = row.get("steps")
+    spread = row.get("p90_us", float("nan")) - row.get("p50_us", float("nan"))
+    if not n or n != n or spread != spread:
+        return float("nan")
+    return 0.98 * max(spread, 0.0) / math.sqrt(n) * (3.0 if q == "p99_us" else 1.0)
+
+
+def latency_rows(base: pd.DataFrame, new: pd.DataFrame) -> list[dict]:
+    rows = []
+    b, n = base.set_index("width"), new.set_index("width")
+    metrics = ["p50_us", "p99_us"] + [c for c in base.columns if c.endswith("_p50_us") and c in new.columns]
+    for w in sorted(set(b.index) & set(n.index)):
+        rb, rn = b.loc[w], n.loc[w]
+        for m in metrics:
+            vb, vn = rb.get(m), rn.get(m)
+            if vb is None or vn is None or vb != vb or vn != vn:
+                continue
+            q = m if m in ("p50_us", "p99_us") else "p50_us"
+            se = math.sqrt(_se(rb, q) ** 2 + _se(rn, q) ** 2) if m in ("p50_us", "p99_us") else float("nan")
+            band = BAND_SIGMAS * se if se == se else 0.02 * vb  # baselines carry no spread: 2% of base
+            delta = vn - vb
+            verdict = "slower" if delta > band else "faster" if delta < -band else "same"
+            rows.append({"kind": "latency", "key": f"w={int(w)}", "metric": m, "base": vb, "new": vn,
+                         "delta_pct": 100 * delta / vb, "band_pct": 100 * band / vb, "verdict": verdict})
+    return rows
+
+
+def qualify_rows(base: pd.DataFrame, new: pd.DataFrame) -> list[dict]:
+    key = lambda t: {f"{c} @{int(w)}": s for c, w, s in zip(t.case, t.width, t.status)}  # noqa: E731
+    kb, kn = key(base), key(new)
+    rows = []
+    for k in sorted(set(kb) | set(kn)):
+        sb, sn = kb.get(k), kn.get(k)
+        if sb == sn:
+            continue
+        verdict = ("new" if sb is None else "gone" if sn is None else
+                   "regressed" if sb == "PASS" else "fixed" if sn == "PASS" else "changed")
+        rows.append({"kind": "qualify", "key": k, "metric": "status", "base": sb, "new": sn,
+                     "delta_pct": None, "band_pct": None, "verdict": verdict})
+    return rows
+
+
+def warm_rows(base: pd.DataFrame, new: pd.DataFrame) -> list[dict]:
+    rows = []
+    b, n = base.set_index("width"), new.set_index("width")
+    for w in sorted(set(b.index) & set(n.index)):
+        for m in ("resident", "ctas_per_cu"):
+            vb, vn = str(b.loc[w].get(m)), str(n.loc[w].get(m))
+            if vb != vn:
+                rows.append({"kind": "residency", "key": f"w={int(w)}", "metric": m, "base": vb, "new": vn,
+                             "delta_pct": None, "band_pct": None,
+                             "verdict": "regressed" if m == "resident" and vn == "no" else "changed"})
+    return rows
+
+
+def compare(base: dict, new: dict) -> pd.DataFrame:
+    jb, jn = base.get("job"), new.get("job")
+    if jb != jn:
+        raise UsageError(f"compare: a {jb} report against a {jn} report; compare two of one job")
+    tb, tn = base["tables"]["results"], new["tables"]["results"]
+    rows = {"bench": latency_rows, "qualify": qualify_rows, "warm": warm_rows}.get(jb)
+    if rows is None:
+        raise UsageError(f"compare: {jb} reports are not compared (bench, qualify, warm are)")
+    return pd.DataFrame(rows(tb, tn), columns=COLUMNS)
+
+
+def plot(base: pd.DataFrame, new: pd.DataFrame, path: Path, labels: tuple[str, str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for t, label, style in ((base, labels[0], "o--"), (new, labels[1], "s-")):
+        ax.plot(t.width, t.p50_us, style, label=f"{label} p50")
+        if "p99_us" in t:
+            ax.plot(t.width, t.p99_us, style, alpha=0.4, label=f"{label} p99")
+    ax.set_xlabel("width (tokens)")
+    ax.set_ylabel("latency per step (us)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

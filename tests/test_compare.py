@@ -1,0 +1,92 @@
+"""ffnq compare and the relative gate: verdicts against the noise band, status changes, and a
+saved cpu run against one made slower on purpose."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ffnq.compare import latency_rows, qualify_rows, warm_rows
+
+TESTS = Path(__file__).parent
+
+
+def bench_table(p50, p90, steps=100):
+    return pd.DataFrame({"width": [1, 2], "p50_us": p50, "p90_us": p90, "p99_us": [x * 1.1 for x in p90],
+                         "steps": [steps, steps], "unfused_p50_us": [200.0, 300.0]})
+
+
+def test_latency_verdicts_follow_the_noise_band():
+    base = bench_table([100.0, 150.0], [110.0, 160.0])
+    rows = {(r["key"], r["metric"]): r for r in latency_rows(base, bench_table([101.0, 180.0], [111.0, 190.0]))}
+    # band = 3 * sqrt(2) * 0.98 * 10 / sqrt(100) = 4.2 us: +1 us is noise, +30 us is not
+    assert rows[("w=1", "p50_us")]["verdict"] == "same"
+    assert rows[("w=2", "p50_us")]["verdict"] == "slower"
+    assert abs(rows[("w=2", "p50_us")]["delta_pct"] - 20.0) < 1e-9
+    faster = latency_rows(base, bench_table([80.0, 150.0], [90.0, 160.0]))
+    assert faster[0]["verdict"] == "faster" and faster[0]["metric"] == "p50_us"
+    assert {r["metric"] for r in faster} == {"p50_us", "p99_us", "unfused_p50_us"}
+
+
+def test_status_and_residency_changes():
+    q = lambda st: pd.DataFrame({"case": ["correct", "inject-over r1"], "width": [4, 16], "status": st})  # noqa: E731
+    rows = qualify_rows(q(["PASS", "PASS"]), q(["PASS", "FAIL"]))
+    assert [(r["key"], r["verdict"]) for r in rows] == [("inject-over r1 @16", "regressed")]
+    assert qualify_rows(q(["FAIL", "PASS"]), q(["PASS", "PASS"]))[0]["verdict"] == "fixed"
+    w = lambda res, c: pd.DataFrame({"width": [1], "resident": [res], "ctas_per_cu": [c]})  # noqa: E731
+    assert [r["verdict"] for r in warm_rows(w("yes", 2), w("no", 0))] == ["regressed", "changed"]
+    assert warm_rows(w("yes", 2), w("yes", 2)) == []
+
+
+def ffnq(*args, tmp: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return subprocess.run([sys.executable, "-m", "ffnq.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=tmp)
+
+
+def test_relative_gate_catches_a_slower_run(tmp_path):
+    common = ["--tp", "2", "--model", "tiny", "--widths", "1,2", "--rep-ms", "300", "--baselines", "none"]
+    p = ffnq("bench", "--backend", "cpu", *common, "--out", str(tmp_path / "base"), tmp=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    base = next((tmp_path / "base").glob("*-bench-cpu-tp2"))
+    cfg = tmp_path / "slower.toml"
+    cfg.write_text(f"""name = "slower"
+[options]
+runner = "slow_runner:Slow"
+model = "tiny"
+tp = 2
+[[job]]
+verb = "bench"
+widths = "1,2"
+rep_ms = 300
+baselines = "none"
+[thresholds]
+max_slower_pct = 5
+[compare]
+bench = "{base}"
+""")
+    p = ffnq("gate", str(cfg), "--out", str(tmp_path / "gate"), tmp=tmp_path)
+    assert p.returncode == 1, (p.returncode, p.stderr[-2000:])
+    gate = next((tmp_path / "gate").glob("*-gate-*"))
+    junit = (gate / "junit.xml").read_text()
+    assert junit.count("<testcase") >= 2 and 'name="vs base p50 w=1"' in junit and "<failure" in junit
+    # the compare verb shows the same verdict, with a plot of both curves
+    new = next((tmp_path / "gate").glob("*-bench-*"))
+    p = ffnq("compare", str(base), str(new), "--out", str(tmp_path / "cmp"), "--json", tmp=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.JSONDecoder().raw_decode(p.stdout)[0]["rows"]
+    assert {r["verdict"] for r in rows if r["metric"] == "p50_us"} == {"slower"}
+    assert (next((tmp_path / "cmp").glob("*-compare-*")) / "latency.png").is_file()
+
+
+def test_bench_phase_split_places_the_experts(tmp_path):
+    p = ffnq("bench", "--backend", "cpu", "--tp", "2", "--model", "tiny", "--widths", "4", "--rep-ms", "200",
+             "--baselines", "none", "--phase-split", "--json", "--out", str(tmp_path), tmp=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    row = json.JSONDecoder().raw_decode(p.stdout)[0]["rows"][0]
+    assert row["check"] == "OK" and 0 < row["none_p50_us"] < row["p50_us"]
+    assert abs(row["experts_us"] - (row["p50_us"] - row["none_p50_us"])) < 1e-6
