@@ -9,6 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 triton = pytest.importorskip("triton")
 
+from ffnq.backends import symm
 from ffnq import reference  # noqa: E402
 from ffnq.backends.triton import TritonRunner  # noqa: E402
 from ffnq.spec import Experts, Phase, load_model, view  # noqa: E402
@@ -101,7 +102,7 @@ def test_missing_rank_is_named_without_hang(tiny):
     nb = TritonRunner.peer_bytes(spec, 2)
     bufs = [torch.zeros(nb, dtype=torch.uint8, device=DEV) for _ in range(2)]
     for b in bufs:
-        TritonRunner._buffers[b.data_ptr()] = b
+        symm.BUFFERS[b.data_ptr()] = b
     peers = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device=DEV)
     rs = [TritonRunner(2, k, bufs[k].data_ptr(), peers, DEV, widths=[2], model=spec, timeout=0.01, timeline=True)
           for k in range(2)]
@@ -122,4 +123,4 @@ def test_missing_rank_is_named_without_hang(tiny):
     f1 = rs[1].fault(2)
     assert f1 is not None and f1["missing_ranks"] == [1]
     for b in bufs:
-        TritonRunner._buffers.pop(b.data_ptr(), None)
+        symm.BUFFERS.pop(b.data_ptr(), None)

@@ -6,6 +6,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
+from ffnq.backends import symm
 from ffnq import residency  # noqa: E402
 from ffnq.backends.triton import offline  # noqa: E402
 from ffnq.spec import Experts, load_model  # noqa: E402
@@ -106,7 +107,7 @@ def test_interpreter_fault_protocol_tp2_in_one_process():
     nb = TritonRunner.peer_bytes(spec, 2)
     bufs = [torch.zeros(nb, dtype=torch.uint8) for _ in range(2)]
     for b in bufs:
-        TritonRunner._buffers[b.data_ptr()] = b
+        symm.BUFFERS[b.data_ptr()] = b
     try:
         peers = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
         full = synthetic(spec, seed=1)
@@ -125,7 +126,7 @@ def test_interpreter_fault_protocol_tp2_in_one_process():
         assert view(bufs[1], rs[0].peer_regions["fault_box"])[0, :2].tolist() == [1, 2]
     finally:
         for b in bufs:
-            TritonRunner._buffers.pop(b.data_ptr(), None)
+            symm.BUFFERS.pop(b.data_ptr(), None)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
@@ -141,7 +142,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts):
     nb = TritonRunner.peer_bytes(spec, tp)
     bufs = [torch.zeros(nb, dtype=torch.uint8) for _ in range(tp)]
     for b in bufs:
-        TritonRunner._buffers[b.data_ptr()] = b
+        symm.BUFFERS[b.data_ptr()] = b
     try:
         peers = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
         full = synthetic(spec, seed=4)
@@ -166,4 +167,4 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts):
             assert (out[1] == 0).all() and rs[k].fault(S) is None and int(rs[k].epoch[0]) == 1
     finally:
         for b in bufs:
-            TritonRunner._buffers.pop(b.data_ptr(), None)
+            symm.BUFFERS.pop(b.data_ptr(), None)

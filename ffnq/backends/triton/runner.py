@@ -13,6 +13,7 @@ import torch
 
 from ffnq.backends.triton import kernel as K
 from ffnq.errors import UsageError
+from ffnq.backends import symm
 from ffnq.runner import PeerBuffer, Runner
 from ffnq.spec import Experts, ModelSpec, kernel_name, view
 
@@ -29,7 +30,6 @@ class TritonRunner(Runner):
     BLOCKS = 128  # <= 132 SMs of an H200 at 1 CTA/SM; 256/304 CUs of MI355X/MI300X
     NUM_WARPS = 4
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
-    _buffers: dict[int, torch.Tensor] = {}  # peer-buffer address -> the tensor that owns it
 
     @classmethod
     def default_device(cls, local_rank: int) -> torch.device:
@@ -43,40 +43,10 @@ class TritonRunner(Runner):
     # ---- peer buffers -----------------------------------------------------------------------
     @classmethod
     def open_peers(cls, model: ModelSpec, tp: int, rank: int, device, tag: str) -> PeerBuffer:
-        import torch.distributed as dist
-        nbytes = cls.peer_bytes(model, tp)
-        dev = torch.device(device)
-        if tp == 1 and not (dist.is_available() and dist.is_initialized()):
-            buf = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
-            addr = buf.data_ptr()
-            cls._buffers[addr] = buf
-            return PeerBuffer(addr, torch.tensor([addr], dtype=torch.int64, device=dev), nbytes,
-                              close=lambda: cls._buffers.pop(addr, None), keep=[buf])
-        import torch.distributed._symmetric_memory as symm_mem
-        buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=dev)
-        buf.zero_()
-        hdl = symm_mem.rendezvous(buf, dist.group.WORLD.group_name)
-        ptrs = [int(p) for p in hdl.buffer_ptrs]
-        if len(ptrs) != tp:
-            raise UsageError(f"peer buffers: {len(ptrs)} ranks in the process group, tp={tp}")
-        torch.cuda.synchronize(dev)
-        dist.barrier()
-        addr = ptrs[rank]
-        cls._buffers[addr] = buf
-        cls._buffers[buf.data_ptr()] = buf
-
-        def close():
-            cls._buffers.pop(addr, None)
-            cls._buffers.pop(buf.data_ptr(), None)
-
-        return PeerBuffer(addr, torch.tensor(ptrs, dtype=torch.int64, device=dev), nbytes, close=close,
-                          keep=[buf, hdl])
+        return symm.open_peers(cls.peer_bytes(model, tp), tp, rank, device)
 
     def peer_view(self, address: int) -> torch.Tensor:
-        buf = self._buffers.get(int(address))
-        if buf is None:
-            raise UsageError(f"peer buffer at {int(address):#x}: not opened by TritonRunner.open_peers")
-        return buf.view(torch.uint8)[: self.peer_bytes(self.model, self.tp)]
+        return symm.view(address, self.peer_bytes(self.model, self.tp), "TritonRunner")
 
     # ---- contract ---------------------------------------------------------------------------
     def __init__(self, *args, **kwargs):
