@@ -45,7 +45,9 @@ def test_soak_thousands_of_steps_zero_mismatches(tmp_path):
     for r in rows:
         assert r["steps"] == 2000 and r["mismatches"] == 0 and r["stale"] == 0 and r["faults"] == 0
         assert r["checked"] == 1000  # every step checked against fp64, by one rank in turn
-        assert r["rss_end_mb"] < r["rss_start_mb"] + 400  # no growth beyond the reference cache
+        # caches fill in the first 500 steps (the fp64 reference weights: ~300 MB for tiny);
+        # after that a leak would show as growth
+        assert r["rss_end_mb"] < r["rss_warm_mb"] + 50, r
     report = next(tmp_path.glob("*-soak-cpu-tp2"))
     assert (report / "results.csv").is_file() and "0 mismatches" in (report / "summary.md").read_text()
     assert not leftovers()

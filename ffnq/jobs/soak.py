@@ -29,6 +29,8 @@ from ffnq.jobs.records import Records, main
 
 SOAK_CASE = 7_000_001  # input stream of the soak, apart from qualify's cases
 CHECKPOINT_STEPS = 1000
+WARM_STEPS = 500  # by then the reference's fp64 weight cache and the allocators are full: RSS is
+                  # read there too, and growth after it is what a leak would show
 HANG_S = 24 * 3600  # the launcher's deadline or torchrun's teardown ends it first
 
 
@@ -70,11 +72,13 @@ class Soak:
         self.history: dict[int, deque] = {}
         self.n = dict(steps=0, checked=0, mismatches=0, stale=0, disagree=0, faults=0)
         self.rss0 = rss_mb()
+        self.rss_warm = None
 
     def counts(self, t0: float) -> dict:
         dt = time.perf_counter() - t0
         return {"rank": self.rank, **self.n, "steps_per_s": self.n["steps"] / dt if dt else 0.0,
-                "rss_start_mb": round(self.rss0, 1), "rss_end_mb": round(rss_mb(), 1), "wall_s": round(dt, 2)}
+                "rss_start_mb": round(self.rss0, 1), "rss_warm_mb": self.rss_warm, "rss_end_mb": round(rss_mb(), 1),
+                "wall_s": round(dt, 2)}
 
     def run(self) -> None:
         t0 = time.perf_counter()
@@ -103,6 +107,8 @@ class Soak:
                 raise RankFault(fault)
             self.check(step, s, parts, residual, slots, out, res_out, r)
             self.n["steps"] += 1
+            if step + 1 == min(WARM_STEPS, steps):
+                self.rss_warm = round(rss_mb(), 1)
             if (step + 1) % CHECKPOINT_STEPS == 0:
                 self.rec.progress(step + 1, steps, f"{self.n['mismatches']} mismatches")
                 self.rec.write("checkpoint", **self.counts(t0))
@@ -165,7 +171,7 @@ def summarize(recs: list[dict], tp: int, error: str | None = None):
         row = final.get(rank) or (last.get(rank, {"rank": rank, "steps": 0}) | {"ended": "no final word"})
         rows.append({"rank": rank} | {k: row.get(k) for k in ("steps", "checked", "mismatches", "stale",
                                                                "disagree", "faults", "steps_per_s", "rss_start_mb",
-                                                               "rss_end_mb", "wall_s", "ended")})
+                                                               "rss_warm_mb", "rss_end_mb", "wall_s", "ended")})
     table = pd.DataFrame(rows)
     for c in ("steps", "checked", "mismatches", "stale", "disagree", "faults"):
         table[c] = table[c].fillna(0).astype(int)
