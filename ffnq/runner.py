@@ -111,8 +111,23 @@ class Runner:
         raise NotImplementedError
 
     def reset(self) -> None:
-        """Collective: every width's scratch, this rank's flags and the epoch cleared."""
-        raise NotImplementedError
+        """Collective: every width's scratch, this rank's flags and fault box, and the epoch
+        cleared, with no launch in flight anywhere before or after."""
+        from ffnq.dist import barrier
+
+        def sync():
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        sync()
+        barrier()
+        for buf in self.scratch.values():
+            buf.zero_()
+        for name in ("flags", "fault_box"):
+            view(self.own, self.peer_regions[name]).zero_()
+        self.epoch.zero_()
+        sync()
+        barrier()  # nobody starts a step on a half-cleared peer
 
     def describe(self, width: int) -> dict:
         """Per-width facts for warm's table (compile seconds, registers, ...)."""

@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ffnq.dist import ShmPeers, address_view, barrier
+from ffnq.dist import ShmPeers, address_view
 from ffnq.errors import UsageError
 from ffnq.runner import PeerBuffer, Runner
 from ffnq.spec import FAULT_FIELDS, Experts, ModelSpec, Phase, kernel_name, stamp_names, view
@@ -75,14 +75,6 @@ class CpuRunner(Runner):
         return {"kernel": kernel_name(self.keys[width]), "compile_s": self._compile_s.get(width),
                 "grid": self.BLOCKS, "threads": self.THREADS}
 
-    def reset(self) -> None:
-        barrier()  # no launch in flight anywhere
-        for buf in self.scratch.values():
-            buf.zero_()
-        for name in ("flags", "fault_box"):
-            self._peer[name][self.rank].zero_()
-        self.epoch.zero_()
-        barrier()  # nobody starts a step on a half-cleared peer
 
     def __call__(self, part, residual, weights, slots, final=False):
         s = self.check_inputs(part, residual, slots)

@@ -25,7 +25,7 @@ import torch
 from ffnq.errors import UsageError
 from ffnq.backends import symm
 from ffnq.runner import PeerBuffer, Runner
-from ffnq.spec import Experts, ModelSpec, kernel_name, view
+from ffnq.spec import Experts, ModelSpec, kernel_name
 
 ARCHES = ("gfx942", "gfx950")
 OFFLINE_HINT = "offline compile and static residency need no GPU: ffnq warm --backend flydsl --target gfx942"
@@ -193,20 +193,6 @@ class FlydslRunner(Runner):
             self._ncu = torch.cuda.get_device_properties(self.device).multi_processor_count
         return self._ncu
 
-    def reset(self) -> None:
-        import torch.distributed as dist
-        coll = dist.is_available() and dist.is_initialized()
-        torch.cuda.synchronize(self.device)
-        if coll:
-            dist.barrier()
-        for buf in self.scratch.values():
-            buf.zero_()
-        for name in ("flags", "fault_box"):
-            view(self.own, self.peer_regions[name]).zero_()
-        self.epoch.zero_()
-        torch.cuda.synchronize(self.device)
-        if coll:
-            dist.barrier()
 
     def clock_ns(self) -> int:
         """s_memrealtime x 10 ns, read by a one-thread FlyDSL kernel (the timeline's clock)."""

@@ -15,7 +15,7 @@ from ffnq.backends.triton import kernel as K
 from ffnq.errors import UsageError
 from ffnq.backends import symm
 from ffnq.runner import PeerBuffer, Runner
-from ffnq.spec import Experts, ModelSpec, kernel_name, view
+from ffnq.spec import Experts, ModelSpec, kernel_name
 
 
 def _interp() -> bool:
@@ -148,22 +148,6 @@ class TritonRunner(Runner):
         self._launch(s, self._args(s, part, residual, slots, out, res_out, weights), final)
         return out, res_out
 
-    def reset(self) -> None:
-        import torch.distributed as dist
-        coll = dist.is_available() and dist.is_initialized()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        if coll:
-            dist.barrier()
-        for buf in self.scratch.values():
-            buf.zero_()
-        for name in ("flags", "fault_box"):
-            view(self.own, self.peer_regions[name]).zero_()
-        self.epoch.zero_()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        if coll:
-            dist.barrier()
 
     def clock_ns(self) -> int:
         if self.device.type != "cuda" or self.interp:
