@@ -202,12 +202,10 @@ def main(argv=None) -> int:
                     help="compile the plain variant, the final (handshake) one, or both (to fill a cache)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    widths = None
-    if a.widths:
-        widths = []
-        for part in a.widths.split(","):
-            lo, _, hi = part.partition("-")
-            widths += list(range(int(lo), int(hi or lo) + 1))
+    from ffnq.launch import parse_widths
+    from ffnq.spec import load_model
+
+    widths = parse_widths(a.widths, load_model(a.model).max_tokens) if a.widths else None
     rows = []
     t0 = time.perf_counter()
     for tg in a.target.split(","):
