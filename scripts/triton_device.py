@@ -118,7 +118,8 @@ def bench(r, spec, w, s, dev, calls=20, reps=7):
 
 
 def profile(rt, full, spec, w, dev, experts):
-    """Per-phase medians over CTAs (us) from the in-kernel timeline."""
+    """Per-phase medians over CTAs (us) from the in-kernel timeline and the kernel's finer stamps
+    (scratch "sub"), plus the latest CTA's end of each phase relative to the median start."""
     cols = {n: i for i, n in enumerate(stamp_names(WORLD))}
     out = {}
     for s in rt.widths:
@@ -127,13 +128,18 @@ def profile(rt, full, spec, w, dev, experts):
             rt(parts[RANK].to(dev), resid.to(dev), w, slots.to(dev))
         torch.cuda.synchronize()
         t = rt.view(s, "timeline").cpu().double()
-
-        def d(a, b):
-            return round(float((t[:, cols[b]] - t[:, cols[a]]).median()) / 1e3, 2)
-        out[s] = dict(seam=d("start", "seam_done"), router=d("seam_done", "router_done"),
-                      experts=d("router_done", "experts_done"), reduce=d("experts_done", "reduce_done"),
-                      end=d("reduce_done", "end"), total=d("start", "end"),
-                      skew_start=round(float(t[:, 0].max() - t[:, 0].min()) / 1e3, 2))
+        sub = rt.view(s, "sub").cpu().double()
+        seq = [("start", t[:, cols["start"]]), ("seam", t[:, cols["seam_done"]]), ("bar1", sub[:, 0]),
+               ("logits", sub[:, 1]), ("bar2", sub[:, 2]), ("topk", t[:, cols["router_done"]]),
+               ("stage1", sub[:, 3]), ("bar3", sub[:, 4]), ("stage2", sub[:, 5]), ("bar4", sub[:, 6]),
+               ("sum", t[:, cols["experts_done"]]), ("reduce", t[:, cols["reduce_done"]]), ("end", t[:, cols["end"]])]
+        t0 = float(seq[0][1].median())
+        row = {}
+        for (_, a), (name, b) in zip(seq, seq[1:]):
+            row[name] = round(float((b - a).median()) / 1e3, 2)
+        row["total"] = round(float((seq[-1][1] - seq[0][1]).median()) / 1e3, 2)
+        row["latest"] = {name: round((float(v.max()) - t0) / 1e3, 1) for name, v in seq[1:]}
+        out[s] = row
     return out
 
 
@@ -263,7 +269,11 @@ def main():
     ap.add_argument("--timeout", type=float, default=0.2)
     ap.add_argument("--inject", action="store_true")
     ap.add_argument("--profile", default="", help="widths to profile with the timeline (model minimax-m2 only)")
+    ap.add_argument("--blocks", type=int, default=None, help="grid size (default: TritonRunner.BLOCKS)")
     a = ap.parse_args()
+    if a.blocks:
+        global TritonRunner
+        TritonRunner = type("TritonRunnerB", (TritonRunner,), {"BLOCKS": a.blocks})
     lo, _, hi = a.widths.partition("-")
     widths = list(range(int(lo), int(hi or lo) + 1)) if "," not in a.widths else [int(x) for x in a.widths.split(",")]
     bw = [int(x) for x in a.bench.split(",") if x]

@@ -40,6 +40,8 @@ barrier (the launch boundary is the barrier), in the order STAGES below: the int
 publish is in a stage before its wait (1 -> 6, 5 -> 7, 7 -> 8), so several ranks in one process
 can run stage by stage, interleaved (a TP2 check on a CPU).
 """
+import os
+
 import triton
 import triton.language as tl
 
@@ -119,6 +121,19 @@ def _mm_t(a, b, INTERP: tl.constexpr):
     else:
         r = tl.dot(a, tl.trans(b.to(tl.bfloat16)))
     return r
+
+
+@triton.jit
+def _prefetch_l2(base, nbytes: tl.constexpr, LANES: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+    """Ask the TMA unit to pull ``nbytes`` at ``base`` into L2, fire and forget (sm_90
+    cp.async.bulk.prefetch.L2; one slice per thread): no registers are held while the bytes
+    are in flight, so every CTA can keep the next work items' weights streaming from HBM while
+    it computes on this one. A no-op on CDNA and in the interpreter."""
+    if not IS_HIP and not INTERP:
+        p = base.to(tl.pointer_type(tl.int8), bitcast=True) + tl.arange(0, LANES) * (nbytes // LANES)
+        n = tl.full([LANES], nbytes // LANES, tl.int32)
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r", [p, n],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -262,6 +277,30 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
         tl.debug_barrier()
 
 
+@triton.jit
+def _pf_item(q, c1, n2, pid, ecta, w13, w2, first_expert, H: tl.constexpr, I_R: tl.constexpr, NT: tl.constexpr,
+             NHT: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BLOCKS: tl.constexpr, MODE: tl.constexpr,
+             LANES: tl.constexpr, PF: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+    """L2-prefetch this CTA's q-th expert work item: its stage-1 items (q < c1: the gate and up
+    tiles of w13) come first, then its stage-2 items (a BH-row tile of w2), the order it runs them."""
+    if PF > 0:
+        if q < c1:
+            w = pid + q * BLOCKS
+            le = tl.load(ecta + w // NT).to(tl.int64)
+            if MODE == 1:
+                le -= first_expert
+            base = w13 + le * (2 * I_R * H) + (w % NT) * (BN * H)
+            _prefetch_l2(base, BN * H, LANES, IS_HIP, INTERP)
+            _prefetch_l2(base + I_R * H, BN * H, LANES, IS_HIP, INTERP)
+        else:
+            w = pid + (q - c1) * BLOCKS
+            if w < n2:
+                le = tl.load(ecta + w // NHT).to(tl.int64)
+                if MODE == 1:
+                    le -= first_expert
+                _prefetch_l2(w2 + le * (H * I_R) + (w % NHT) * (BH * I_R), BH * I_R, LANES, IS_HIP, INTERP)
+
+
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
@@ -275,13 +314,13 @@ def ffn_kernel(
     S: tl.constexpr, H: tl.constexpr, E: tl.constexpr, EP2: tl.constexpr, K: tl.constexpr,
     KP2: tl.constexpr, I_R: tl.constexpr, MODE: tl.constexpr, NLOC: tl.constexpr, TP: tl.constexpr,
     MT: tl.constexpr, BLOCKS: tl.constexpr, NCH: tl.constexpr, NCHP2: tl.constexpr, CH: tl.constexpr,
-    CHP2: tl.constexpr, EPC: tl.constexpr, EPCP2: tl.constexpr, BKH: tl.constexpr, BN: tl.constexpr,
-    EPS: tl.constexpr,
+    CHP2: tl.constexpr, EPC: tl.constexpr, EPCP2: tl.constexpr, RT: tl.constexpr, BN: tl.constexpr,
+    EPS: tl.constexpr, PF: tl.constexpr, LANES: tl.constexpr,
     P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, P_SEAM: tl.constexpr, P_MOE: tl.constexpr,
     SC_FAULT: tl.constexpr, SC_TL: tl.constexpr, SC_ROUTE: tl.constexpr, SC_ROUTEW: tl.constexpr,
     SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
     SC_ELIST: tl.constexpr, SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
-    SC_WTAB: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
+    SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr,
 ):
@@ -306,6 +345,7 @@ def ffn_kernel(
     timeout_ns = tl.load(cfg)
     fault = _as(scratch, SC_FAULT, tl.int64)
     tl_row = _as(scratch, SC_TL, tl.int64) + pid * NCOL
+    sub_row = _as(scratch, SC_SUB, tl.int64) + pid * 16  # finer stamps inside the router and expert phases
     words = epoch
     e = tl.atomic_add(words, 0, sem="relaxed", scope="gpu") + 1
     e = tl.where(e <= 0, 1, e)  # 1..2^31-1: 0 is the cleared value, -e marks a fault
@@ -315,6 +355,10 @@ def ffn_kernel(
     ccols = pid * CH + tl.arange(0, CHP2)  # this CTA's column chunk (seam, stage 2, reduce)
     cmask = (tl.arange(0, CHP2) < CH) & (ccols < H) & (pid < NCH)
     m2 = rmask[:, None] & cmask[None, :]
+    rows_r = tl.arange(0, RT)  # router/top-k row tile: next_pow2(S), not 16
+    rmask_r = rows_r < S
+    ecols = tl.arange(0, EP2)
+    evalid = ecols < E
     mine = _peer_base(peers, rank)
 
     # ------------------------------------------------------------------------------ A: seam
@@ -341,6 +385,11 @@ def ffn_kernel(
         _publish(peers, pid, rank, val, PH_SEAM, P_FLAGS, TP, BLOCKS)
         _stamp(tl_row, C_SEAM_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 6):
+        # this chunk's columns of the router [E, CH], loaded before the wait: its HBM latency
+        # hides behind the link; the logits are split over K (chunks) so no CTA needs all of x
+        rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
+                       mask=cmask[:, None] & evalid[None, :], other=0.0)
+        pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
                     C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE)
         offs = rows[:, None] * H + ccols[None, :]
@@ -352,11 +401,17 @@ def ffn_kernel(
         tl.store(_as(scratch, SC_H, tl.float32) + offs, h, mask=m2)
         if pid < NCH:
             tl.store(_as(scratch, SC_SSQ, tl.float32) + pid * SP + rows, tl.sum(h * h, axis=1))
+            # partial logits of every expert over this chunk: sum_k h*post_norm*router (exact fp32
+            # FMA); rstd factors out and is applied once the chunks' sums of squares are all in
+            pl = tl.dot(h * pn_c[None, :], rt_c, input_precision="ieee")
+            tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + rows[:, None]) * EP2 + ecols[None, :], pl,
+                     mask=rmask[:, None] & evalid[None, :])
         _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE)
 
     # ------------------------------------------------------------------------------ B: norm + router logits
     if (STAGE == 0) | (STAGE == 2):
+        _stamp(sub_row, 0, IS_HIP, INTERP, TIMELINE)
         chs = tl.arange(0, NCHP2)
         ssq = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows[None, :],
                       mask=(chs < NCH)[:, None], other=0.0)
@@ -374,41 +429,52 @@ def ffn_kernel(
             tl.store(_as(scratch, SC_X, tl.bfloat16) + offs, xh, mask=m2)
             tl.store(_as(scratch, SC_X, tl.bfloat16) + S * H + offs, xl, mask=m2)
         if pid * EPC < E:
+            # this CTA's experts: the chunks' partial logits summed in chunk order (the same on
+            # every rank, so every rank routes the same), times rstd
+            ssq_r = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows_r[None, :],
+                            mask=(chs < NCH)[:, None], other=0.0)
+            rstd_r = 1.0 / tl.sqrt_rn(tl.sum(ssq_r, axis=0) / H + EPS)  # [RT]
             ecol = pid * EPC + tl.arange(0, EPCP2)
             emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
-            acc = tl.zeros((SP, EPCP2), tl.float32)
-            for k0 in range(0, H, BKH):  # (a static unroll here spills on CDNA and slows compiles)
-                kk = k0 + tl.arange(0, BKH)
-                kmask = kk < H
-                hk = tl.load(hbase + rows[:, None] * H + kk[None, :], mask=rmask[:, None] & kmask[None, :],
-                             other=0.0)
-                pn = tl.load(post_norm + kk, mask=kmask, other=0.0)
-                xk = hk * rstd[:, None] * pn[None, :]
-                rk = tl.load(router + ecol[:, None].to(tl.int64) * H + kk[None, :],
-                             mask=emask[:, None] & kmask[None, :], other=0.0)
-                acc += tl.sum(xk[:, None, :] * rk[None, :, :], axis=2)
-            tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows[:, None] * E + ecol[None, :], acc,
-                     mask=rmask[:, None] & emask[None, :])
+            pls = tl.load(_as(scratch, SC_PLOG, tl.float32) + (chs[:, None, None] * S + rows_r[None, :, None]) * EP2
+                          + ecol[None, None, :],
+                          mask=(chs < NCH)[:, None, None] & rmask_r[None, :, None] & emask[None, None, :], other=0.0)
+            lg = tl.sum(pls, axis=0) * rstd_r[:, None]
+            tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecol[None, :], lg,
+                     mask=rmask_r[:, None] & emask[None, :])
+        _stamp(sub_row, 1, IS_HIP, INTERP, TIMELINE)
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE)
 
     # ------------------------------------------------------------------------------ C: top-k + experts stage 1
     if (STAGE == 0) | (STAGE == 3):
-        ecols = tl.arange(0, EP2)
-        evalid = ecols < E
-        lg = tl.load(_as(scratch, SC_LOGIT, tl.float32) + rows[:, None] * E + ecols[None, :],
-                     mask=rmask[:, None] & evalid[None, :], other=0.0)
+        _stamp(sub_row, 2, IS_HIP, INTERP, TIMELINE)
+        lg = tl.load(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecols[None, :],
+                     mask=rmask_r[:, None] & evalid[None, :], other=0.0)
         scores = 1.0 / (1.0 + tl.exp(-lg))
         bias = tl.load(router_bias + ecols, mask=evalid, other=0.0)
         b = tl.where(evalid[None, :], scores + bias[None, :], float("-inf"))
-        sel = tl.zeros((SP, EP2), tl.int32)
-        for kk in tl.static_range(K):
-            m = tl.max(b, axis=1)
-            idx = tl.min(tl.where(b == m[:, None], ecols[None, :], EP2), axis=1)
-            hit = ecols[None, :] == idx[:, None]
-            sel = tl.where(hit, 1, sel)
-            b = tl.where(hit, float("-inf"), b)
-        slot = tl.load(slots + rows, mask=rmask, other=-1)
-        live = rmask & (slot >= 0)
+        # one int64 key per score: the fp32 bits made order-preserving in the high word, the
+        # reversed index in the low word, so one max per round picks the highest biased score
+        # and, among equal ones, the lowest index
+        # (at RT > 4 rows the int64 keys cost more registers than the second reduction saves)
+        sel = tl.zeros((RT, EP2), tl.int32)
+        if RT <= 4:
+            bits = b.to(tl.int32, bitcast=True)
+            key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | (EP2 - 1 - ecols)[None, :].to(tl.int64)
+            for kk in tl.static_range(K):
+                m = tl.max(key, axis=1)
+                hit = key == m[:, None]
+                sel = tl.where(hit, 1, sel)
+                key = tl.where(hit, -9223372036854775807, key)
+        else:
+            for kk in tl.static_range(K):
+                m = tl.max(b, axis=1)
+                idx = tl.min(tl.where(b == m[:, None], ecols[None, :], EP2), axis=1)
+                hit = ecols[None, :] == idx[:, None]
+                sel = tl.where(hit, 1, sel)
+                b = tl.where(hit, float("-inf"), b)
+        slot = tl.load(slots + rows_r, mask=rmask_r, other=-1)
+        live = rmask_r & (slot >= 0)
         sel = tl.where(live[:, None], sel, 0)
         wsel = tl.where(sel > 0, scores, 0.0)
         wsum = tl.sum(wsel, axis=1)
@@ -418,38 +484,48 @@ def ffn_kernel(
             active = tl.where((ecols >= first_expert) & (ecols < first_expert + NLOC), active, 0)
         slot_of = tl.cumsum(active, axis=0) - 1
         n_active = tl.sum(active, axis=0)
-        # this CTA's copy of the routing weights, transposed [E][SP]: a work item reads its expert's
-        # column from here instead of keeping the [SP, E] tensor live in registers
+        # this CTA's copies of the routing weights, transposed [E][SP], and of the active-expert
+        # list: a work item reads them from here (L1) instead of keeping [RT, E] tensors live
         wtab = _as(scratch, SC_WTAB, tl.float32) + pid * (EP2 * SP)
-        tl.store(wtab + ecols[None, :] * SP + rows[:, None], wsel)
+        tl.store(wtab + ecols[None, :] * SP + rows_r[:, None], wsel)
+        ecta = _as(scratch, SC_ECTA, tl.int32) + pid * EP2
+        tl.store(ecta + slot_of, ecols, mask=active > 0)
         tl.debug_barrier()
         if pid == 0:
             pos = tl.cumsum(sel, axis=1) - 1
             rte = _as(scratch, SC_ROUTE, tl.int32)
             rtw = _as(scratch, SC_ROUTEW, tl.float32)
-            ro = rows[:, None] * K + pos
-            tl.store(rte + ro, ecols[None, :] + tl.zeros((SP, EP2), tl.int32), mask=sel > 0)
+            ro = rows_r[:, None] * K + pos
+            tl.store(rte + ro, ecols[None, :] + tl.zeros((RT, EP2), tl.int32), mask=sel > 0)
             tl.store(rtw + ro, wsel, mask=sel > 0)
             kc = tl.arange(0, KP2)
-            pm = (rmask & (slot < 0))[:, None] & (kc < K)[None, :]
-            tl.store(rte + rows[:, None] * K + kc[None, :], tl.full((SP, KP2), -1, tl.int32), mask=pm)
-            tl.store(rtw + rows[:, None] * K + kc[None, :], tl.zeros((SP, KP2), tl.float32), mask=pm)
+            pm = (rmask_r & (slot < 0))[:, None] & (kc < K)[None, :]
+            tl.store(rte + rows_r[:, None] * K + kc[None, :], tl.full((RT, KP2), -1, tl.int32), mask=pm)
+            tl.store(rtw + rows_r[:, None] * K + kc[None, :], tl.zeros((RT, KP2), tl.float32), mask=pm)
             tl.store(_as(scratch, SC_ELIST, tl.int32) + slot_of, ecols, mask=active > 0)
             tl.store(_as(scratch, SC_META, tl.int32), n_active)
         _stamp(tl_row, C_ROUTER_DONE, IS_HIP, INTERP, TIMELINE)
         if MODE != 2:
             NT: tl.constexpr = I_R // BN
+            NHT1: tl.constexpr = H // BH
             n_items = n_active * NT
+            c1 = tl.maximum((n_items - pid + BLOCKS - 1) // BLOCKS, 0)  # this CTA's stage-1 items
+            for q in tl.static_range(PF):  # the first PF items start streaming now
+                _pf_item(q, c1, n_active * NHT1, pid, ecta, w13, w2, first_expert, H, I_R, NT, NHT1, BN, BH, BLOCKS,
+                         MODE, LANES, PF, IS_HIP, INTERP)
             xb = _as(scratch, SC_X, tl.bfloat16)
             act = _as(scratch, SC_ACT, tl.bfloat16)
             nn = tl.arange(0, BN)
             kc2 = tl.arange(0, BK)
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
+            q = pid * 0
             while w < n_items:
+                _pf_item(q + PF, c1, n_active * NHT1, pid, ecta, w13, w2, first_expert, H, I_R, NT, NHT1, BN, BH,
+                         BLOCKS, MODE, LANES, PF, IS_HIP, INTERP)
                 j = w // NT
                 t = w % NT
-                ej = tl.sum(tl.where((active > 0) & (slot_of == j), ecols, 0), axis=0)
-                wt = tl.load(wtab + ej * SP + rows)  # [SP]
+                ej = tl.load(ecta + j)
+                wt = tl.load(wtab + ej * SP + rows, mask=rmask, other=0.0)  # [SP]
                 le = ej.to(tl.int64)
                 if MODE == 1:
                     le = (ej - first_expert).to(tl.int64)
@@ -471,6 +547,8 @@ def ffn_kernel(
                 a = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u * wt[:, None]
                 tl.store(act + (j * SP + rows[:, None]).to(tl.int64) * I_R + r1[None, :], a.to(tl.bfloat16))
                 w += BLOCKS
+                q += 1
+        _stamp(sub_row, 3, IS_HIP, INTERP, TIMELINE)
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_REDUCE, BLOCKS, IS_HIP, INTERP, STAGE)
 
     # ------------------------------------------------------------------------------ D: experts stage 2
@@ -484,8 +562,16 @@ def ffn_kernel(
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
             NHT: tl.constexpr = H // BH
+            NT2: tl.constexpr = I_R // BN
+            _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
+            ecta = _as(scratch, SC_ECTA, tl.int32) + pid * EP2
+            c1 = tl.maximum((n_act * NT2 - pid + BLOCKS - 1) // BLOCKS, 0)
+            q = c1
             w = pid
             while w < n_act * NHT:
+                _pf_item(q + PF, c1, n_act * NHT, pid, ecta, w13, w2, first_expert, H, I_R, NT2, NHT, BN, BH, BLOCKS,
+                         MODE, LANES, PF, IS_HIP, INTERP)
+                q += 1
                 j = w // NHT
                 t = w % NHT
                 ej = tl.load(elist + j)
@@ -503,10 +589,12 @@ def ffn_kernel(
                 tl.store(ypart + (j * S + rows[:, None]).to(tl.int64) * H + t * BH + hh[None, :], yt,
                          mask=rmask[:, None])
                 w += BLOCKS
+            _stamp(sub_row, 5, IS_HIP, INTERP, TIMELINE)
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_REDUCE, BLOCKS, IS_HIP, INTERP, STAGE)
 
     # ------------------------------------------------------------------------------ E: sum + reduce
     if (STAGE == 0) | (STAGE == 5):
+        _stamp(sub_row, 6, IS_HIP, INTERP, TIMELINE)
         y = tl.zeros((SP, CHP2), tl.float32)
         if MODE != 2:
             if pid < NCH:
@@ -574,12 +662,20 @@ STAGES = (1, 6, 2, 3, 4, 5, 7, 8)  # seam push/publish, seam wait+sum, router, t
 #                                    sum+reduce push/publish, reduce wait+out (+handshake publish), handshake wait+end
 NUM_STAGES_EXPERTS = 4  # software-pipeline depth of the two expert GEMM loops (bytes in flight per SM)
 NUM_STAGES_HIP = 2
+LANES = 128  # threads of a CTA on NVIDIA (4 warps): one L2-prefetch slice each
 ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
              "w2", "s2", "scratch", "peers", "epoch", "inject", "cfg", "rank", "first_expert")
 
 
 def _p2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _tune() -> dict:
+    """Development override of tile choices, e.g. FFNQ_TRITON_TUNE="BN=32,PF=1" (offline
+    prewarm and the runner must see the same value: it is part of the compiled variant)."""
+    raw = os.environ.get("FFNQ_TRITON_TUNE", "")
+    return {k.strip(): int(v) for k, v in (kv.split("=") for kv in raw.split(",") if kv.strip())}
 
 
 def geometry(key) -> dict:
@@ -594,16 +690,22 @@ def geometry(key) -> dict:
     epc = -(-E // blocks)
     epcp2 = _p2(epc)
     nslot = min(key.tokens * m.top_k, nloc) if mode != "none" else 0
-    # stage-1 tile rows: more, smaller items when few experts are active (spread them over the grid)
-    bn = 64
+    tune = _tune()
+    # stage-1 tile rows: small items (16 gate + 16 up rows of one expert, as many bytes as a
+    # stage-2 item) so that even one token's 8 experts spread over the whole grid
+    bn = tune.get("BN", 16)
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
         bn //= 2
     bh = 128
     jb = max(1, min(8, 2048 // (16 * max(16, _p2(ch)))))
-    return dict(BH=bh, JB=jb, NS=NUM_STAGES_EXPERTS, H=H, E=E, EP2=_p2(E), K=m.top_k, KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc,
-                TP=key.tp, MT=m.max_tokens, BLOCKS=blocks, NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)),
-                EPC=epc, EPCP2=epcp2, BKH=max(16, min(_p2(H), 8192 // (16 * epcp2))), BN=bn, EPS=float(m.eps),
-                NSLOT=nslot)
+    # L2 prefetch depth in work items: PF x 128 CTAs x ~100 KB stays well inside the 50 MB L2
+    pf = tune.get("PF", 2)
+    if i_r and ((bn * H) % (16 * LANES) or (bh * i_r) % (16 * LANES)):
+        pf = 0  # a bulk prefetch moves whole 16-byte units per lane
+    return dict(BH=bh, JB=jb, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
+                KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
+                NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=_p2(key.tokens),
+                BN=bn, EPS=float(m.eps), PF=pf, LANES=LANES, NSLOT=nslot)
 
 
 def scratch_extra(key) -> list:
@@ -613,7 +715,9 @@ def scratch_extra(key) -> list:
     S, H = key.tokens, g["H"]
     out = [("h", torch.float32, (S, H)), ("x", torch.bfloat16, (2, S, H)), ("ssq", torch.float32, (g["NCH"], 16)),
            ("logits", torch.float32, (16, g["E"])), ("elist", torch.int32, (max(1, g["NSLOT"]),)),
-           ("meta", torch.int32, (4,)), ("wtab", torch.float32, (key.blocks, g["EP2"], 16))]
+           ("meta", torch.int32, (4,)), ("wtab", torch.float32, (key.blocks, g["EP2"], 16)),
+           ("plog", torch.float32, (g["NCH"], S, g["EP2"])), ("ecta", torch.int32, (key.blocks, g["EP2"])),
+           ("sub", torch.int64, (key.blocks, 16))]
     if g["NSLOT"]:
         out.append(("act", torch.bfloat16, (g["NSLOT"], 16, g["I_R"])))
         out.append(("ypart", torch.float32, (g["NSLOT"], S, H)))
@@ -628,7 +732,8 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     g.pop("NSLOT")
     sc = {"SC_FAULT": "fault", "SC_TL": "timeline", "SC_ROUTE": "route", "SC_ROUTEW": "route_w", "SC_H": "h",
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_ELIST": "elist", "SC_META": "meta",
-          "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab"}
+          "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
+          "SC_SUB": "sub"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
         g["NS"] = NUM_STAGES_HIP

@@ -201,6 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--final", default="no", choices=["no", "yes", "both"],
                     help="compile the plain variant, the final (handshake) one, or both (to fill a cache)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--blocks", type=int, default=None, help="grid size (default: TritonRunner.BLOCKS)")
     a = ap.parse_args(argv)
     from ffnq.launch import parse_widths
     from ffnq.spec import load_model
@@ -210,7 +211,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     for tg in a.target.split(","):
         fin = {"no": False, "yes": True, "both": "both"}[a.final]
-        rows += offline_table(a.model, a.tp, a.experts, tg, widths, timeline=a.timeline, jobs=a.jobs, final=fin)
+        rows += offline_table(a.model, a.tp, a.experts, tg, widths, timeline=a.timeline, blocks=a.blocks,
+                             jobs=a.jobs, final=fin)
     for r in rows:
         regs = r.get("regs") if "regs" in r else (f"v{r.get('vgpr')}/a{r.get('agpr')}/s{r.get('sgpr')}"
                                                   f" sgpr_spills={r.get('sgpr_spills')}")

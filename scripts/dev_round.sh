@@ -1,0 +1,36 @@
+#!/bin/bash
+# One kernel-development round on 2 GPUs: scripts/dev_round.sh BLOCKS... (e.g. 128 256).
+# Per grid size: prewarm Triton's cache (parallel CPU compiles), TP2 minimax-m2 correctness at
+# widths 1..16 + the in-kernel phase profile (scripts/triton_device.py), then `ffnq bench` at
+# widths 1,2,4,8,16 (cold weights, floor and baselines in the same run). FFNQ_TRITON_TUNE (see
+# kernel._tune) passes through. Logs in $OUT/dev.log, bench reports in $OUT/reports.tgz.
+set -o pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+OUT=${OUT:-/tmp/ffnq-out}
+R=$PWD/reports-dev
+mkdir -p "$OUT" "$R"
+T0=$(date +%s)
+RUN="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
+PRE="python3 -m ffnq.backends.triton.offline --target sm_90 --model minimax-m2 --tp 2"
+{
+nvidia-smi -L
+echo "tune=${FFNQ_TRITON_TUNE:-default} commit=${FFNQ_COMMIT:-?}"
+for b in "$@"; do
+  ( $PRE --final both --blocks $b --jobs 10 | tail -n 3 ) &
+  ( $PRE --final both --blocks $b --timeline --widths 1,4,16 --jobs 6 | tail -n 1 ) &
+done
+wait
+echo "=== prewarm done at +$(( $(date +%s) - T0 ))s"
+for b in "$@"; do
+  echo "=== blocks $b check+profile at +$(( $(date +%s) - T0 ))s"
+  timeout -k 5 150 $RUN scripts/triton_device.py --models minimax-m2 --bench "" --profile 1,4,16 --blocks $b 2>&1 \
+    | grep -v "^\s*$" | tail -n 30
+  [ "$b" = 128 ] && RN="--backend triton" || RN="--runner scripts.dev_runners:Triton$b"
+  echo "=== blocks $b bench at +$(( $(date +%s) - T0 ))s"
+  timeout -k 5 150 python3 -m ffnq.cli bench $RN --model minimax-m2 --tp 2 --widths 1,2,4,8,16 --rep-ms 200 \
+    --out "$R" 2>&1 | tail -n 14
+done
+echo "dev round total $(( $(date +%s) - T0 ))s"
+} 2>&1 | tee "$OUT/dev.log"
+tar czf "$OUT/reports.tgz" -C "$PWD" reports-dev
