@@ -113,13 +113,14 @@ def _backoff(IS_HIP: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _mm_t(a, b, INTERP: tl.constexpr):
-    """a [M,K] bf16 @ b[N,K]^T (b: fp8 codes, converted to bf16 in registers) -> fp32 [M,N].
-    The interpreter's bf16 dot is wrong (3.6): it gets fp32 operands instead."""
+def _mm_w(w, x, INTERP: tl.constexpr):
+    """w [M,K] (fp8 codes, upcast to bf16 in registers) @ x [K,N] bf16 -> fp32 [M,N]. The weights
+    are the A operand ("swap AB": M = weight rows, N = the few tokens), so the upcast is
+    elementwise on the A fragment, with no layout shuffle of the weight tile."""
     if INTERP:
-        r = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
+        r = tl.dot(w.to(tl.float32), x.to(tl.float32))
     else:
-        r = tl.dot(a, tl.trans(b.to(tl.bfloat16)))
+        r = tl.dot(w.to(tl.bfloat16), x)
     return r
 
 
@@ -278,27 +279,17 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
 
 
 @triton.jit
-def _pf_item(q, c1, n2, pid, ecta, w13, w2, first_expert, H: tl.constexpr, I_R: tl.constexpr, NT: tl.constexpr,
-             NHT: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr, BLOCKS: tl.constexpr, MODE: tl.constexpr,
-             LANES: tl.constexpr, PF: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
-    """L2-prefetch this CTA's q-th expert work item: its stage-1 items (q < c1: the gate and up
-    tiles of w13) come first, then its stage-2 items (a BH-row tile of w2), the order it runs them."""
+def _pf_w2(i2, n2, pid, ecta, w2, first_expert, H: tl.constexpr, I_R: tl.constexpr, NHT: tl.constexpr,
+           BH: tl.constexpr, BLOCKS: tl.constexpr, MODE: tl.constexpr, LANES: tl.constexpr, PF: tl.constexpr,
+           IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+    """L2-prefetch the w2 tile of this CTA's i2-th stage-2 work item (if it has one)."""
     if PF > 0:
-        if q < c1:
-            w = pid + q * BLOCKS
-            le = tl.load(ecta + w // NT).to(tl.int64)
+        w = pid + i2 * BLOCKS
+        if w < n2:
+            le = tl.load(ecta + w // NHT).to(tl.int64)
             if MODE == 1:
                 le -= first_expert
-            base = w13 + le * (2 * I_R * H) + (w % NT) * (BN * H)
-            _prefetch_l2(base, BN * H, LANES, IS_HIP, INTERP)
-            _prefetch_l2(base + I_R * H, BN * H, LANES, IS_HIP, INTERP)
-        else:
-            w = pid + (q - c1) * BLOCKS
-            if w < n2:
-                le = tl.load(ecta + w // NHT).to(tl.int64)
-                if MODE == 1:
-                    le -= first_expert
-                _prefetch_l2(w2 + le * (H * I_R) + (w % NHT) * (BH * I_R), BH * I_R, LANES, IS_HIP, INTERP)
+            _prefetch_l2(w2 + le * (H * I_R) + (w % NHT) * (BH * I_R), BH * I_R, LANES, IS_HIP, INTERP)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,10 +500,13 @@ def ffn_kernel(
             NT: tl.constexpr = I_R // BN
             NHT1: tl.constexpr = H // BH
             n_items = n_active * NT
+            # this CTA's first PF stage-2 tiles start streaming into L2 while its last stage-1 item
+            # runs (or now, if it has none), so stage 2 starts on L2 hits after the grid barrier
             c1 = tl.maximum((n_items - pid + BLOCKS - 1) // BLOCKS, 0)  # this CTA's stage-1 items
-            for q in tl.static_range(PF):  # the first PF items start streaming now
-                _pf_item(q, c1, n_active * NHT1, pid, ecta, w13, w2, first_expert, H, I_R, NT, NHT1, BN, BH, BLOCKS,
-                         MODE, LANES, PF, IS_HIP, INTERP)
+            if c1 == 0:
+                for i2 in tl.static_range(PF):
+                    _pf_w2(i2, n_active * NHT1, pid, ecta, w2, first_expert, H, I_R, NHT1, BH, BLOCKS, MODE, LANES,
+                           PF, IS_HIP, INTERP)
             xb = _as(scratch, SC_X, tl.bfloat16)
             act = _as(scratch, SC_ACT, tl.bfloat16)
             nn = tl.arange(0, BN)
@@ -520,8 +514,10 @@ def ffn_kernel(
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             q = pid * 0
             while w < n_items:
-                _pf_item(q + PF, c1, n_active * NHT1, pid, ecta, w13, w2, first_expert, H, I_R, NT, NHT1, BN, BH,
-                         BLOCKS, MODE, LANES, PF, IS_HIP, INTERP)
+                if q + 1 == c1:
+                    for i2 in tl.static_range(PF):
+                        _pf_w2(i2, n_active * NHT1, pid, ecta, w2, first_expert, H, I_R, NHT1, BH, BLOCKS, MODE,
+                               LANES, PF, IS_HIP, INTERP)
                 j = w // NT
                 t = w % NT
                 ej = tl.load(ecta + j)
@@ -532,20 +528,20 @@ def ffn_kernel(
                 wbase = w13 + le * (2 * I_R * H)
                 sbase = s13 + le * ((2 * I_R // 128) * (H // 128))
                 r1 = t * BN + nn  # rows of w1 (gate); w3 (up) rows are I_R further
-                acc_g = tl.zeros((SP, BN), tl.float32)
-                acc_u = tl.zeros((SP, BN), tl.float32)
+                acc_g = tl.zeros((BN, SP), tl.float32)  # transposed: [weight rows, tokens]
+                acc_u = tl.zeros((BN, SP), tl.float32)
                 for k0 in tl.range(0, H, BK, num_stages=NS):
-                    xo = rows[:, None] * H + k0 + kc2[None, :]
-                    xk = tl.load(xb + xo, mask=rmask[:, None], other=0.0)
-                    xl = tl.load(xb + S * H + xo, mask=rmask[:, None], other=0.0)
+                    xo = rows[None, :] * H + k0 + kc2[:, None]  # x^T tile [BK, SP]
+                    xk = tl.load(xb + xo, mask=rmask[None, :], other=0.0)
+                    xl = tl.load(xb + S * H + xo, mask=rmask[None, :], other=0.0)
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128)
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128)
-                    acc_g += (_mm_t(xk, wg, INTERP) + _mm_t(xl, wg, INTERP)) * sg
-                    acc_u += (_mm_t(xk, wu, INTERP) + _mm_t(xl, wu, INTERP)) * su
-                a = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u * wt[:, None]
-                tl.store(act + (j * SP + rows[:, None]).to(tl.int64) * I_R + r1[None, :], a.to(tl.bfloat16))
+                    acc_g += (_mm_w(wg, xk, INTERP) + _mm_w(wg, xl, INTERP)) * sg
+                    acc_u += (_mm_w(wu, xk, INTERP) + _mm_w(wu, xl, INTERP)) * su
+                a = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u * wt[None, :]
+                tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.bfloat16))
                 w += BLOCKS
                 q += 1
         _stamp(sub_row, 3, IS_HIP, INTERP, TIMELINE)
@@ -562,16 +558,14 @@ def ffn_kernel(
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
             NHT: tl.constexpr = H // BH
-            NT2: tl.constexpr = I_R // BN
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
             ecta = _as(scratch, SC_ECTA, tl.int32) + pid * EP2
-            c1 = tl.maximum((n_act * NT2 - pid + BLOCKS - 1) // BLOCKS, 0)
-            q = c1
+            i2 = pid * 0
             w = pid
             while w < n_act * NHT:
-                _pf_item(q + PF, c1, n_act * NHT, pid, ecta, w13, w2, first_expert, H, I_R, NT2, NHT, BN, BH, BLOCKS,
-                         MODE, LANES, PF, IS_HIP, INTERP)
-                q += 1
+                _pf_w2(i2 + PF, n_act * NHT, pid, ecta, w2, first_expert, H, I_R, NHT, BH, BLOCKS, MODE, LANES, PF,
+                       IS_HIP, INTERP)
+                i2 += 1
                 j = w // NHT
                 t = w % NHT
                 ej = tl.load(elist + j)
@@ -580,14 +574,14 @@ def ffn_kernel(
                     le = (ej - first_expert).to(tl.int64)
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
-                yt = tl.zeros((SP, BH), tl.float32)
+                yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
                 for k0 in tl.range(0, I_R, 128, num_stages=NS):
-                    a = tl.load(act + (j * SP + rows[:, None]).to(tl.int64) * I_R + k0 + ki[None, :],
-                                mask=rmask[:, None], other=0.0)
+                    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
+                                mask=rmask[None, :], other=0.0)
                     wq = tl.load(wbase + k0 + ki[None, :])
-                    yt += _mm_t(a, wq, INTERP) * tl.load(sbase + k0 // 128)
-                tl.store(ypart + (j * S + rows[:, None]).to(tl.int64) * H + t * BH + hh[None, :], yt,
-                         mask=rmask[:, None])
+                    yt += _mm_w(wq, a, INTERP) * tl.load(sbase + k0 // 128)
+                tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt,
+                         mask=rmask[None, :])
                 w += BLOCKS
             _stamp(sub_row, 5, IS_HIP, INTERP, TIMELINE)
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_REDUCE, BLOCKS, IS_HIP, INTERP, STAGE)
@@ -691,16 +685,15 @@ def geometry(key) -> dict:
     epcp2 = _p2(epc)
     nslot = min(key.tokens * m.top_k, nloc) if mode != "none" else 0
     tune = _tune()
-    # stage-1 tile rows: small items (16 gate + 16 up rows of one expert, as many bytes as a
-    # stage-2 item) so that even one token's 8 experts spread over the whole grid
-    bn = tune.get("BN", 16)
+    # stage-1 tile rows: 64 gate + 64 up rows of one expert (the M of an sm_90 warp-group MMA)
+    bn = tune.get("BN", 64)
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
         bn //= 2
     bh = 128
     jb = max(1, min(8, 2048 // (16 * max(16, _p2(ch)))))
-    # L2 prefetch depth in work items: PF x 128 CTAs x ~100 KB stays well inside the 50 MB L2
+    # L2 prefetch depth in stage-2 items: PF x 128 CTAs x ~100 KB stays well inside the 50 MB L2
     pf = tune.get("PF", 2)
-    if i_r and ((bn * H) % (16 * LANES) or (bh * i_r) % (16 * LANES)):
+    if i_r and (bh * i_r) % (16 * LANES):
         pf = 0  # a bulk prefetch moves whole 16-byte units per lane
     return dict(BH=bh, JB=jb, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
