@@ -113,14 +113,25 @@ def _backoff(IS_HIP: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _mm_w(w, x, INTERP: tl.constexpr):
-    """w [M,K] (fp8 codes, upcast to bf16 in registers) @ x [K,N] bf16 -> fp32 [M,N]. The weights
-    are the A operand ("swap AB": M = weight rows, N = the few tokens), so the upcast is
-    elementwise on the A fragment, with no layout shuffle of the weight tile."""
+def _wscaled(w, scale, INTERP: tl.constexpr):
+    """fp8 weight codes times their block's dequant scale, as the bf16 A operand of the MMA.
+    Folding the scale into the weights lets the MMA accumulate over the whole K loop (async
+    wgmma, no wait per K step); the price is the bf16 rounding of w*scale (<= 2^-9 relative
+    per weight). The interpreter keeps fp32 (its bf16 conversion truncates)."""
+    r = w.to(tl.float32) * scale
+    if not INTERP:
+        r = r.to(tl.bfloat16)
+    return r
+
+
+@triton.jit
+def _mma(w, x, acc, INTERP: tl.constexpr):
+    """acc + w [M,K] @ x [K,N] with the weights as the A operand ("swap AB": M = weight rows,
+    N = the few tokens), fp32 accumulate."""
     if INTERP:
-        r = tl.dot(w.to(tl.float32), x.to(tl.float32))
+        r = acc + tl.dot(w, x.to(tl.float32))
     else:
-        r = tl.dot(w.to(tl.bfloat16), x)
+        r = tl.dot(w, x, acc)
     return r
 
 
@@ -538,8 +549,10 @@ def ffn_kernel(
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128)
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128)
-                    acc_g += (_mm_w(wg, xk, INTERP) + _mm_w(wg, xl, INTERP)) * sg
-                    acc_u += (_mm_w(wu, xk, INTERP) + _mm_w(wu, xl, INTERP)) * su
+                    wg = _wscaled(wg, sg, INTERP)
+                    wu = _wscaled(wu, su, INTERP)
+                    acc_g = _mma(wg, xl, _mma(wg, xk, acc_g, INTERP), INTERP)
+                    acc_u = _mma(wu, xl, _mma(wu, xk, acc_u, INTERP), INTERP)
                 a = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u * wt[None, :]
                 tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.bfloat16))
                 w += BLOCKS
@@ -579,7 +592,7 @@ def ffn_kernel(
                     a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
                                 mask=rmask[None, :], other=0.0)
                     wq = tl.load(wbase + k0 + ki[None, :])
-                    yt += _mm_w(wq, a, INTERP) * tl.load(sbase + k0 // 128)
+                    yt = _mma(_wscaled(wq, tl.load(sbase + k0 // 128), INTERP), a, yt, INTERP)
                 tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt,
                          mask=rmask[None, :])
                 w += BLOCKS
