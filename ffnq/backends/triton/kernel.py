@@ -522,6 +522,9 @@ def ffn_kernel(
             act = _as(scratch, SC_ACT, tl.bfloat16)
             nn = tl.arange(0, BN)
             kc2 = tl.arange(0, BK)
+            c2 = tl.arange(0, 2 * SP)
+            xo2 = (c2 // SP * S + c2 % SP)[None, :] * H + kc2[:, None]  # hi rows, then lo rows
+            xm2 = ((c2 % SP) < S)[None, :]
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             q = pid * 0
             while w < n_items:
@@ -539,21 +542,21 @@ def ffn_kernel(
                 wbase = w13 + le * (2 * I_R * H)
                 sbase = s13 + le * ((2 * I_R // 128) * (H // 128))
                 r1 = t * BN + nn  # rows of w1 (gate); w3 (up) rows are I_R further
-                acc_g = tl.zeros((BN, SP), tl.float32)  # transposed: [weight rows, tokens]
-                acc_u = tl.zeros((BN, SP), tl.float32)
+                # transposed [weight rows, 2 x SP]: columns 0..15 take x_hi, 16..31 x_lo, one MMA per
+                # weight tile and K step (no wait between a hi and a lo MMA); halves summed at the end
+                acc_g = tl.zeros((BN, 2 * SP), tl.float32)
+                acc_u = tl.zeros((BN, 2 * SP), tl.float32)
                 for k0 in tl.range(0, H, BK, num_stages=NS):
-                    xo = rows[None, :] * H + k0 + kc2[:, None]  # x^T tile [BK, SP]
-                    xk = tl.load(xb + xo, mask=rmask[None, :], other=0.0)
-                    xl = tl.load(xb + S * H + xo, mask=rmask[None, :], other=0.0)
+                    xk = tl.load(xb + xo2 + k0, mask=xm2, other=0.0)  # [x_hi | x_lo]^T tile [BK, 2*SP]
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128)
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128)
-                    wg = _wscaled(wg, sg, INTERP)
-                    wu = _wscaled(wu, su, INTERP)
-                    acc_g = _mma(wg, xl, _mma(wg, xk, acc_g, INTERP), INTERP)
-                    acc_u = _mma(wu, xl, _mma(wu, xk, acc_u, INTERP), INTERP)
-                a = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u * wt[None, :]
+                    acc_g = _mma(_wscaled(wg, sg, INTERP), xk, acc_g, INTERP)
+                    acc_u = _mma(_wscaled(wu, su, INTERP), xk, acc_u, INTERP)
+                g = tl.sum(tl.reshape(acc_g, (BN, 2, SP)), axis=1)
+                u = tl.sum(tl.reshape(acc_u, (BN, 2, SP)), axis=1)
+                a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
                 tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.bfloat16))
                 w += BLOCKS
                 q += 1
@@ -705,7 +708,7 @@ def geometry(key) -> dict:
     bh = 128
     jb = max(1, min(8, 2048 // (16 * max(16, _p2(ch)))))
     # L2 prefetch depth in stage-2 items: PF x 128 CTAs x ~100 KB stays well inside the 50 MB L2
-    pf = tune.get("PF", 2)
+    pf = tune.get("PF", 0)  # measured: PF=2 cost 3-6% (dev round 3, notes/triton-kernel.md)
     if i_r and (bh * i_r) % (16 * LANES):
         pf = 0  # a bulk prefetch moves whole 16-byte units per lane
     return dict(BH=bh, JB=jb, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
