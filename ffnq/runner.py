@@ -67,7 +67,7 @@ class Runner:
             raise UsageError(f"widths {bad or '[]'}: allowed 1..{self.model.max_tokens} for {self.model.name}")
         self.experts, self.timeline, self.timeout = experts, bool(timeline), float(timeout)
         self.keys = {s: FfnBuild(tokens=s, tp=tp, experts=experts, timeline=self.timeline, model=self.model,
-                                 timeout_ns=int(self.timeout * 1e9), blocks=self.BLOCKS, **build)
+                                 timeout_ns=int(self.timeout * 1e9), blocks=self.blocks_for(s), **build)
                      for s in self.widths}
         self.layouts = {s: scratch_layout(k, self.scratch_extra(k)) for s, k in self.keys.items()}
         self.peer_regions = peer_layout(self.model, tp, self.BLOCKS)
@@ -83,6 +83,11 @@ class Runner:
     @classmethod
     def default_device(cls, local_rank: int) -> torch.device:
         return torch.device("cpu")
+
+    @classmethod
+    def blocks_for(cls, width: int) -> int:
+        """The grid of a width's kernel (<= BLOCKS, which sizes the peer buffer's flags)."""
+        return cls.BLOCKS
 
     @classmethod
     def peer_bytes(cls, model: ModelSpec, tp: int) -> int:

@@ -1,6 +1,6 @@
 #!/bin/bash
 # One kernel-development round on 2 GPUs: scripts/dev_round.sh VARIANT... where a variant is
-# BLOCKS or BLOCKS:TUNE (e.g. 128 256 128:NS=6,PF=0; TUNE as FFNQ_TRITON_TUNE, see kernel._tune).
+# default, 128 or 256, optionally :TUNE (e.g. default 256 128:NS=6,PF=0; TUNE as FFNQ_TRITON_TUNE, see kernel._tune).
 # Per variant: prewarm Triton's cache (parallel CPU compiles), TP2 minimax-m2 correctness at
 # widths 1..16 + the in-kernel phase profile (scripts/triton_device.py), then `ffnq bench` at
 # widths 1,2,4,8,16 (cold weights, floor and baselines in the same run). FFNQ_TRITON_TUNE (see
@@ -19,17 +19,19 @@ nvidia-smi -L
 echo "tune=${FFNQ_TRITON_TUNE:-default} commit=${FFNQ_COMMIT:-?}"
 for v in "$@"; do
   b=${v%%:*}; t=$([ "$v" = "$b" ] || echo "${v#*:}")
-  ( export FFNQ_TRITON_TUNE=$t; $PRE --final both --blocks $b --jobs 8 | tail -n 3 ) &
-  ( export FFNQ_TRITON_TUNE=$t; $PRE --final both --blocks $b --timeline --widths 1,4,16 --jobs 4 | tail -n 1 ) &
+  B=$([ "$b" = default ] || echo "--blocks $b")
+  ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --jobs 8 | tail -n 3 ) &
+  ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --timeline --widths 1,4,16 --jobs 4 | tail -n 1 ) &
 done
 wait
 echo "=== prewarm done at +$(( $(date +%s) - T0 ))s"
 for v in "$@"; do
   b=${v%%:*}; export FFNQ_TRITON_TUNE=$([ "$v" = "$b" ] || echo "${v#*:}")
   echo "=== variant $v check+profile at +$(( $(date +%s) - T0 ))s"
-  timeout -k 5 150 $RUN scripts/triton_device.py --models minimax-m2 --bench "" --profile 1,4,16 --blocks $b 2>&1 \
+  B=$([ "$b" = default ] || echo "--blocks $b")
+  timeout -k 5 150 $RUN scripts/triton_device.py --models minimax-m2 --bench "" --profile 1,4,16 $B 2>&1 \
     | grep -v "^\s*$" | tail -n 30
-  [ "$b" = 128 ] && RN="--backend triton" || RN="--runner scripts.dev_runners:Triton$b"
+  [ "$b" = default ] && RN="--backend triton" || RN="--runner scripts.dev_runners:Triton$b"
   echo "=== variant $v bench at +$(( $(date +%s) - T0 ))s"
   timeout -k 5 150 python3 -m ffnq.cli bench $RN --model minimax-m2 --tp 2 --widths 1,2,4,8,16 --rep-ms 200 \
     --out "$R" 2>&1 | tail -n 14

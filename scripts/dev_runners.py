@@ -4,4 +4,8 @@ from ffnq.backends.triton.runner import TritonRunner
 
 
 class Triton256(TritonRunner):
-    BLOCKS = 256  # 2 CTAs per SM on an H200 (132 SMs): twice the warps streaming weights
+    BLOCKS = BLOCKS_ONE_TOKEN = 256
+
+
+class Triton128(TritonRunner):
+    BLOCKS = BLOCKS_ONE_TOKEN = 128

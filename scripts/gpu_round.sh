@@ -36,7 +36,7 @@ for s in "$@"; do
     qualify2) step $s 240 $FF qualify $M --tp 2 --inject-rank all --out "$R" ;;
     bench1) step $s 150 $FF bench $M --tp 1 --widths 1-16 --rep-ms 300 --out "$R" ;;
     bench2) step $s 200 $FF bench $M --tp 2 --widths 1-16 --rep-ms 300 --out "$R" ;;
-    soak2) step $s 240 $FF soak $M --tp 2 --steps 100000 --widths 1-16 --random-padding --runners 2 --deadline 210 --out "$R" ;;
+    soak2) step $s 320 $FF soak $M --tp 2 --steps 100000 --widths 1-16 --random-padding --runners 2 --deadline 300 --out "$R" ;;
     gate1) step $s 300 $FF gate configs/gates/h200-tp1.toml --out "$R" ;;
     gate2) step $s 300 $FF gate configs/gates/h200x2-tp2.toml --out "$R" ;;
     *) echo "unknown step $s" ;;

@@ -43,7 +43,7 @@ def build_key(model: ModelSpec, tp: int, experts: Experts, tokens: int, timeline
               blocks: int | None = None, timeout_ns: int = 1_000_000_000) -> FfnBuild:
     from ffnq.backends.triton.runner import TritonRunner
     return FfnBuild(tokens=tokens, tp=tp, experts=Experts(experts), timeline=timeline, model=model,
-                    timeout_ns=timeout_ns, blocks=blocks or TritonRunner.BLOCKS)
+                    timeout_ns=timeout_ns, blocks=blocks or TritonRunner.blocks_for(tokens))
 
 
 def _standins(key: FfnBuild):
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--final", default="no", choices=["no", "yes", "both"],
                     help="compile the plain variant, the final (handshake) one, or both (to fill a cache)")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--blocks", type=int, default=None, help="grid size (default: TritonRunner.BLOCKS)")
+    ap.add_argument("--blocks", type=int, default=None, help="grid size (default: TritonRunner.blocks_for(width))")
     a = ap.parse_args(argv)
     from ffnq.launch import parse_widths
     from ffnq.spec import load_model

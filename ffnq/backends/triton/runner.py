@@ -1,7 +1,7 @@
 """TritonRunner: the fused persistent kernel of kernel.py behind the ffnq runner contract.
 
 One compiled kernel per width (tokens S is a constexpr), launched as a cooperative grid of
-BLOCKS CTAs. Under TRITON_INTERPRET=1 (CPU, TP1 only) each step runs as four launches
+blocks_for(S) CTAs. Under TRITON_INTERPRET=1 (CPU, TP1 only) each step runs as four launches
 (STAGE 1..5), since the interpreter runs CTAs one after another and grid barriers would hang.
 """
 from __future__ import annotations
@@ -27,9 +27,17 @@ class TritonRunner(Runner):
     # gloo for the jobs' cpu-tensor collectives (records, clock offsets, checksums), NCCL for
     # the baselines' device all-reduce
     DIST_BACKEND = "cpu:gloo,cuda:nccl"
-    BLOCKS = 128  # <= 132 SMs of an H200 at 1 CTA/SM; 256/304 CUs of MI355X/MI300X
+    # 2 CTAs per SM on an H200 (132 SMs; 255 regs x 128 threads, 90 KB smem each): two warp groups
+    # per SM stream weights. One token's 96 stage-1 items fit 128 CTAs, and a 128 grid ran it
+    # 15% faster (its barriers are cheaper); from 2 tokens on 256 won by 10-16% (dev round 4).
+    BLOCKS = 256
+    BLOCKS_ONE_TOKEN = 128
     NUM_WARPS = 4
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
+
+    @classmethod
+    def blocks_for(cls, width: int) -> int:
+        return cls.BLOCKS_ONE_TOKEN if width == 1 else cls.BLOCKS
 
     @classmethod
     def default_device(cls, local_rank: int) -> torch.device:
@@ -88,13 +96,13 @@ class TritonRunner(Runner):
             for stage in K.STAGES:
                 self._launch_stage(s, args, stage, final)
             return None
-        return K.ffn_kernel[(self.BLOCKS,)](*args, **cx, num_warps=self.NUM_WARPS, num_stages=2,
+        return K.ffn_kernel[(self.keys[s].blocks,)](*args, **cx, num_warps=self.NUM_WARPS, num_stages=2,
                                             launch_cooperative_grid=True)
 
     def _launch_stage(self, s, args, stage, final=False):
         """One part of the step (STAGE > 0, no grid barrier inside): the interpreter's path."""
         cx = dict(self._cx[(s, bool(final))], STAGE=stage)
-        K.ffn_kernel[(self.BLOCKS,)](*args, **cx, num_warps=self.NUM_WARPS)
+        K.ffn_kernel[(self.keys[s].blocks,)](*args, **cx, num_warps=self.NUM_WARPS)
 
     def staged(self, part, residual, weights, slots, final=False):
         """The step as a list of per-stage callables (for running several ranks of one process
@@ -112,13 +120,14 @@ class TritonRunner(Runner):
             part = torch.zeros(s, m.hidden, dtype=torch.bfloat16, device=self.device)
             slots = torch.zeros(m.max_tokens, dtype=torch.int64, device=self.device)
             args = self._args(s, part, part.clone(), slots, part.clone(), part.clone(), weights)
-            info = {"kernel": kernel_name(self.keys[s]), "grid": self.BLOCKS, "threads": self.THREADS}
+            grid = self.keys[s].blocks
+            info = {"kernel": kernel_name(self.keys[s]), "grid": grid, "threads": self.THREADS}
             if self.interp:
                 info.update(compile_s=0.0, note="TRITON_INTERPRET=1: not compiled")
                 self._info[s] = info
                 continue
             for final in (True, False):  # the non-final variant's resources are the ones reported
-                ck = K.ffn_kernel.warmup(*args, grid=(self.BLOCKS,), **self._cx[(s, final)],
+                ck = K.ffn_kernel.warmup(*args, grid=(grid,), **self._cx[(s, final)],
                                          num_warps=self.NUM_WARPS, num_stages=2, launch_cooperative_grid=True)
             ck._init_handles()
             info.update(compile_s=round(time.perf_counter() - t0, 3), n_regs=ck.n_regs, n_spills=ck.n_spills,
@@ -135,11 +144,11 @@ class TritonRunner(Runner):
             self._info[s] = info
             if compute_units is not None and per is not None:
                 info["cus"] = compute_units
-                info["resident"] = per * compute_units >= self.BLOCKS
-                residency.check(info["kernel"], per, compute_units, self.BLOCKS)
+                info["resident"] = per * compute_units >= grid
+                residency.check(info["kernel"], per, compute_units, grid)
 
     def describe(self, width: int) -> dict:
-        return dict(self._info.get(width, {"kernel": kernel_name(self.keys[width]), "grid": self.BLOCKS}))
+        return dict(self._info.get(width, {"kernel": kernel_name(self.keys[width]), "grid": self.keys[width].blocks}))
 
     def __call__(self, part, residual, weights, slots, final=False):
         s = self.check_inputs(part, residual, slots)
