@@ -6,6 +6,11 @@
     chosen  = top_k(scores + router_bias)                 (the bias only selects)
     w       = scores[chosen] / sum(scores[chosen])
     out     = sum_k w_k * w2_k(silu(w1_k x) * w3_k x)     (0 for padding rows, slot < 0)
+
+A near-tie row (k-th and (k+1)-th biased scores within TIE_EPS) may pick either side, and the
+two picks give outputs O(RMS) apart. ``step(..., follow=route)`` takes the kernel's pick on such
+a row when it is admissible (a top-k of the scores moved by at most TIE_EPS), so the output of
+that row is checked against the experts the kernel really used, not excused nor falsely failed.
 """
 from __future__ import annotations
 
@@ -44,6 +49,19 @@ def route(x: torch.Tensor, w: FullWeights, spec: ModelSpec):
     return idx, wts / wts.sum(-1, keepdim=True), tie
 
 
+def admissible(biased: torch.Tensor, pick: torch.Tensor, k: int) -> torch.Tensor:
+    """[s] bool: row i of ``pick`` ([s, k] expert ids) is k distinct experts whose lowest biased
+    score is within TIE_EPS of the highest score left out (a top-k up to a TIE_EPS nudge)."""
+    E = biased.shape[-1]
+    ok = ((pick >= 0) & (pick < E)).all(-1)
+    p = pick.clamp(0, E - 1)
+    taken = torch.zeros_like(biased, dtype=torch.bool).scatter_(1, p, True)
+    ok &= taken.sum(-1) == k
+    low = biased.gather(1, p).min(-1).values
+    high = biased.masked_fill(taken, float("-inf")).max(-1).values
+    return ok & (low >= high - TIE_EPS)
+
+
 def expert64(w: FullWeights, e: int, block: int, cache: dict | None = None):
     """Expert ``e`` dequantized to fp64 (w1, w3, w2); ``cache`` keeps them across steps."""
     if cache is not None and e in cache:
@@ -56,14 +74,27 @@ def expert64(w: FullWeights, e: int, block: int, cache: dict | None = None):
 
 
 def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor, w: FullWeights,
-         spec: ModelSpec, experts: Experts = Experts.ALL, cache: dict | None = None) -> Reference:
-    """``cache``: a dict the caller keeps, for repeated steps on one set of weights."""
+         spec: ModelSpec, experts: Experts = Experts.ALL, cache: dict | None = None,
+         follow: torch.Tensor | None = None) -> Reference:
+    """``cache``: a dict the caller keeps, for repeated steps on one set of weights.
+    ``follow``: the kernel's route [s, k]; near-tie rows where it is admissible use its experts
+    (and ``chosen`` says so), every other row keeps the oracle's own pick."""
     dt = torch.float64
     dev = residual.device
     h = residual.to(dt) + sum(p.to(dt) for p in parts)
     x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + spec.eps) * w.post_norm.to(dev, dt)
     idx, wts, tie = route(x, w, spec)
     pad = slots[: h.shape[0]].to(dev) < 0
+    if follow is not None and tie.any():
+        pick = follow.to(dev, torch.int64)
+        scores = torch.sigmoid(x @ w.router.to(dev, dt).T)
+        take = tie & ~pad & admissible(scores + w.router_bias.to(dev, dt), pick, spec.top_k)
+        if take.any():
+            p = pick[take]
+            idx, wts = idx.clone(), wts.clone()
+            idx[take] = p
+            wp = scores[take].gather(1, p)
+            wts[take] = wp / wp.sum(-1, keepdim=True)
     out = torch.zeros_like(h)
     if experts is not Experts.NONE:
         for e in torch.unique(idx[~pad]).tolist():

@@ -20,6 +20,7 @@ step() {  # step NAME LIMIT_S CMD...
   echo "=== $name (limit ${lim}s) at +$(( t - T0 ))s: $*"
   timeout -k 10 "$lim" "$@"
   echo "=== $name rc=$? in $(( $(date +%s) - t ))s"
+  tar czf "$OUT/reports.tgz" -C "$PWD" reports  # after every step: a round cut short keeps what finished
 }
 {
 nvidia-smi -L

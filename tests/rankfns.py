@@ -119,3 +119,32 @@ def clean_step_time(rank, world, s=16, n=5):
 
 
 PHASE_NAMES = [p.name.lower() for p in Phase]
+
+
+def soak_replay(rank, world, steps, result_dir):
+    """Steps of the default soak stream (seed 0, widths 1-16, random padding, 2 runners) run
+    alone through Soak.one, which checks them as the soak does. Also says, per checked step,
+    whether the kernel's route differs from the oracle's own pick on some row (a near tie)."""
+    from ffnq.jobs.records import Records
+    from ffnq.jobs.soak import SOAK_CASE, Soak, draw
+
+    opts = {"backend": "cpu", "model": "tiny", "experts": "all", "timeout_s": 10.0, "seed": 0,
+            "widths": list(range(1, 17)), "random_padding": True, "runners": 2, "steps": max(steps) + 1}
+    soak = Soak(opts, Records(result_dir, rank))
+    tied = []
+    try:
+        t0 = time.perf_counter()
+        for step in steps:
+            soak.one(step, t0)
+            if step % world == rank:
+                s, padding, _, ri = draw(0, step, opts["widths"], True, 2)
+                parts, residual, slots = soak.job.inputs(s, SOAK_CASE, step, padding)
+                own = reference.step(parts, residual, slots, soak.job.full, soak.job.model, soak.job.experts,
+                                     soak.cache)
+                route = soak.runners[ri].view(s, "route").long()
+                tied.append(bool((route != own.chosen).any()))
+            barrier()  # the next step starts together, not while one rank still checks this one
+        mismatches = [r["data"] for r in soak.rec.rows if r["table"] == "mismatch"]
+        return {"n": dict(soak.n), "mismatches": mismatches, "tied": tied}
+    finally:
+        soak.job.close()

@@ -76,3 +76,59 @@ def test_compare_counts_wrong_elements_and_nan():
     bad[0, 0] = float("nan")
     c = reference.compare(bad, ref)
     assert c["nan"] == 1 and c["rel_err"] == float("inf")
+
+
+def test_follow_takes_an_admissible_pick_on_a_near_tie_row_only(full):
+    """A near-tie row may pick either side; with follow= the oracle's output is that of the
+    kernel's pick (as if the tie had broken its way), and a pick that is no top-k is refused."""
+    from dataclasses import replace
+
+    g = torch.Generator().manual_seed(7)
+    s, k = 3, M.top_k
+    parts = [torch.randn(s, M.hidden, generator=g).bfloat16() for _ in range(2)]
+    residual = torch.randn(s, M.hidden, generator=g).bfloat16()
+    slots = torch.tensor([4, 9, -1])
+    h = residual.double() + sum(p.double() for p in parts)
+    x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + M.eps) * full.post_norm.double()
+    scores = torch.sigmoid(x @ full.router.double().T)
+    ranked = torch.argsort(scores[0] + full.router_bias.double(), descending=True)
+    kth, nxt = int(ranked[k - 1]), int(ranked[k])
+
+    def nudged(delta):  # expert nxt's biased score moved to kth's + delta on row 0
+        bias = full.router_bias.double().clone()
+        bias[nxt] = scores[0, kth] + bias[kth] + delta - scores[0, nxt]
+        return replace(full, router_bias=bias)  # fp64: the 4e-8 nudge must survive
+
+    below, above = nudged(-4e-8), nudged(4e-8)
+    cache: dict = {}  # experts only: the nudged bias changes none
+    own = reference.step(parts, residual, slots, below, M, cache=cache)
+    other = reference.step(parts, residual, slots, above, M, cache=cache)
+    assert own.near_tie.tolist() == [True, False, False] and other.near_tie[0]
+    assert kth in own.chosen[0].tolist() and nxt in other.chosen[0].tolist()
+    assert (other.out[0] - own.out[0]).abs().max() > 0.1 * own.out[0].pow(2).mean().sqrt()  # O(RMS) apart
+
+    followed = reference.step(parts, residual, slots, below, M, cache=cache, follow=other.chosen)
+    assert torch.equal(followed.chosen, other.chosen)
+    assert torch.allclose(followed.out, other.out, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(followed.weights, other.weights, rtol=1e-12, atol=1e-12)
+
+    # a pick that is no top-k (the row's lowest expert instead of its k-th) is not followed
+    bad = own.chosen.clone()
+    bad[0] = torch.tensor(sorted(set(own.chosen[0].tolist()) - {kth} | {int(ranked[-1])}))
+    refused = reference.step(parts, residual, slots, below, M, cache=cache, follow=bad)
+    assert torch.equal(refused.chosen, own.chosen) and torch.equal(refused.out, own.out)
+    # nor a repeated expert, nor anything on rows that are no near tie or padding
+    dup = own.chosen.clone()
+    dup[0, 0] = dup[0, 1]
+    dup[1] = other.chosen[0]
+    dup[2] = other.chosen[0]
+    refused = reference.step(parts, residual, slots, below, M, cache=cache, follow=dup)
+    assert torch.equal(refused.chosen, own.chosen) and torch.equal(refused.out, own.out)
+
+
+def test_admissible():
+    biased = torch.tensor([[0.9, 0.5, 0.5 - 5e-7, 0.1], [0.9, 0.5, 0.4, 0.1]], dtype=torch.float64)
+    pick = torch.tensor([[0, 2], [0, 2]])
+    assert reference.admissible(biased, pick, 2).tolist() == [True, False]
+    assert reference.admissible(biased, torch.tensor([[0, 1], [1, 0]]), 2).tolist() == [True, True]
+    assert reference.admissible(biased, torch.tensor([[0, 0], [-1, 1]]), 2).tolist() == [False, False]

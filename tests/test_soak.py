@@ -53,6 +53,22 @@ def test_soak_thousands_of_steps_zero_mismatches(tmp_path):
     assert not leftovers()
 
 
+def test_soak_near_tie_row_checked_against_the_kernels_pick(tmp_path):
+    """Steps 32968 and 40768 of the default stream (seed 0, tp 2) each hold a row whose 8th and
+    9th biased router scores are ~4e-8 apart (fp64): the fp32 kernel picks the 9th expert. That
+    is allowed, and the soak once counted the row's output (one whole row, O(RMS) off the
+    oracle's own pick) as a mismatch while excusing its route."""
+    import rankfns
+    from multirank import run_ranks
+
+    steps = [32968, 40768]
+    got = run_ranks(rankfns.soak_replay, 2, steps, str(tmp_path), timeout=300)
+    assert got[0]["tied"] == [True, True]  # rank 0 checks both (even) steps; each is a near tie
+    for r in got:
+        assert r["n"]["mismatches"] == 0 and r["n"]["faults"] == 0, r["mismatches"]
+    assert got[0]["n"]["checked"] == 2 and got[1]["n"]["checked"] == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tp,rank", [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)])
 @pytest.mark.parametrize("chaos", ["kill", "hang"])
