@@ -1,24 +1,29 @@
 """The fused, persistent decode-FFN kernel of one TP rank (Triton 3.6; sm_90, gfx942, gfx950).
 
-One launch of BLOCKS co-resident CTAs (cooperative launch) per step does, for one width S:
+One launch of BLOCKS co-resident CTAs (cooperative launch; the runner picks BLOCKS per width) per
+step does, for one width S:
 
-  A  seam     CTA c pushes its column chunk of ``part`` into every peer's seam slot
-              [e&1][rank], publishes flags[SEAM][c][rank] = e on every peer, waits for every
-              peer's flag of chunk c (bounded), sums the chunk in rank order + residual (fp32),
-              writes res_out, h (fp32 scratch) and the chunk's per-row sum of squares.
+  A  seam     CTA c loads its chunk's router columns (before the wait: latency behind the
+              link), pushes its column chunk of ``part`` into every peer's seam slot [e&1][rank],
+              publishes flags[SEAM][c][rank] = e on every peer, waits for every peer's flag of
+              chunk c (bounded), sums the chunk in rank order + residual (fp32), writes res_out,
+              h (fp32 scratch), the chunk's per-row sum of squares and its partial logits of
+              every expert (sum over the chunk of h*post_norm*router, fp32 FMA).
      -- grid barrier 1 --
   B  norm     every CTA: rstd per row from the per-chunk sums (fixed order: bitwise the same on
-              every rank and CTA); x = h*rstd*post_norm for its chunk (bf16 scratch);
-     router   fp32 logits of its EPC experts for all rows (exact fp32 FMA, no tf32).
+              every rank and CTA); x = h*rstd*post_norm for its chunk (fp16 hi + lo scratch);
+     router   logits of its EPC experts = rstd * the chunks' partials summed in chunk order.
      -- grid barrier 2 --
-  C  top-k    every CTA, redundantly: sigmoid, biased top-k (lowest index wins a tie),
-              renormalised weights, the active-expert list; CTA 0 writes route/route_w/elist.
-     experts  stage 1 work items (active expert j, BN-row tile of I_r): gate/up tiles of w13
-              dequantized fp8->bf16 in registers, bf16 x, fp32 accumulate, block scale applied
-              per 128x128 block; act[j] = silu(g)*u*routing weight (bf16 scratch).
+  C  top-k    every CTA, redundantly, on a next_pow2(S)-row tile: sigmoid, biased top-k
+              (lowest index wins a tie), renormalised weights, the active-expert list; CTA 0
+              writes route/route_w/elist.
+     experts  stage 1 work items (active expert j, BN-row tile of I_r), "swap AB": the gate/up
+              tiles of w13 times their block scale, rounded to fp16, are the A operand (M =
+              weight rows), [x_hi | x_lo]^T the B operand (N = tokens), fp32 accumulate over
+              the whole K loop; act[j] = silu(g)*u*routing weight (fp16 scratch).
      -- grid barrier 3 --
-  D  stage 2  work items (active expert j, BH-column tile of H): ypart[j] = act[j] @ w2[e_j]^T
-              for that tile (fp8->bf16, one scale per 128x128 block), fp32 scratch.
+  D  stage 2  work items (active expert j, BH-row tile of H): ypart[j]^T = (w2 tile * scale) @
+              act[j]^T (swap AB, fp16 operands), fp32 scratch.
      -- grid barrier 4 --
   E  sum      CTA c sums ypart over j in slot order for its column chunk (deterministic), the
               MoE partial of the chunk;
