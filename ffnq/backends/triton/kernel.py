@@ -16,7 +16,7 @@ step does, for one width S:
      -- grid barrier 2 --
   C  top-k    every CTA, redundantly, on a next_pow2(S)-row tile: sigmoid, biased top-k
               (lowest index wins a tie), renormalised weights, the active-expert list; CTA 0
-              writes route/route_w/elist.
+              writes route/route_w.
      experts  stage 1 work items (active expert j, BN-row tile of I_r), "swap AB": the gate/up
               tiles of w13 times their block scale, rounded to fp16, are the A operand (M =
               weight rows), [x_hi | x_lo]^T the B operand (N = tokens), fp32 accumulate over
@@ -139,19 +139,6 @@ def _mma(w, x, acc, INTERP: tl.constexpr):
     else:
         r = tl.dot(w, x, acc)
     return r
-
-
-@triton.jit
-def _prefetch_l2(base, nbytes: tl.constexpr, LANES: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
-    """Ask the TMA unit to pull ``nbytes`` at ``base`` into L2, fire and forget (sm_90
-    cp.async.bulk.prefetch.L2; one slice per thread): no registers are held while the bytes
-    are in flight, so every CTA can keep the next work items' weights streaming from HBM while
-    it computes on this one. A no-op on CDNA and in the interpreter."""
-    if not IS_HIP and not INTERP:
-        p = base.to(tl.pointer_type(tl.int8), bitcast=True) + tl.arange(0, LANES) * (nbytes // LANES)
-        n = tl.full([LANES], nbytes // LANES, tl.int32)
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r", [p, n],
-                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -295,20 +282,6 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
         tl.debug_barrier()
 
 
-@triton.jit
-def _pf_w2(i2, n2, pid, ecta, w2, first_expert, H: tl.constexpr, I_R: tl.constexpr, NHT: tl.constexpr,
-           BH: tl.constexpr, BLOCKS: tl.constexpr, MODE: tl.constexpr, LANES: tl.constexpr, PF: tl.constexpr,
-           IS_HIP: tl.constexpr, INTERP: tl.constexpr):
-    """L2-prefetch the w2 tile of this CTA's i2-th stage-2 work item (if it has one)."""
-    if PF > 0:
-        w = pid + i2 * BLOCKS
-        if w < n2:
-            le = tl.load(ecta + w // NHT).to(tl.int64)
-            if MODE == 1:
-                le -= first_expert
-            _prefetch_l2(w2 + le * (H * I_R) + (w % NHT) * (BH * I_R), BH * I_R, LANES, IS_HIP, INTERP)
-
-
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
@@ -323,11 +296,11 @@ def ffn_kernel(
     KP2: tl.constexpr, I_R: tl.constexpr, MODE: tl.constexpr, NLOC: tl.constexpr, TP: tl.constexpr,
     MT: tl.constexpr, BLOCKS: tl.constexpr, NCH: tl.constexpr, NCHP2: tl.constexpr, CH: tl.constexpr,
     CHP2: tl.constexpr, EPC: tl.constexpr, EPCP2: tl.constexpr, RT: tl.constexpr, BN: tl.constexpr,
-    EPS: tl.constexpr, PF: tl.constexpr, LANES: tl.constexpr,
+    EPS: tl.constexpr,
     P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, P_SEAM: tl.constexpr, P_MOE: tl.constexpr,
     SC_FAULT: tl.constexpr, SC_TL: tl.constexpr, SC_ROUTE: tl.constexpr, SC_ROUTEW: tl.constexpr,
     SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
-    SC_ELIST: tl.constexpr, SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
+    SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr,
@@ -510,20 +483,11 @@ def ffn_kernel(
             pm = (rmask_r & (slot < 0))[:, None] & (kc < K)[None, :]
             tl.store(rte + rows_r[:, None] * K + kc[None, :], tl.full((RT, KP2), -1, tl.int32), mask=pm)
             tl.store(rtw + rows_r[:, None] * K + kc[None, :], tl.zeros((RT, KP2), tl.float32), mask=pm)
-            tl.store(_as(scratch, SC_ELIST, tl.int32) + slot_of, ecols, mask=active > 0)
             tl.store(_as(scratch, SC_META, tl.int32), n_active)
         _stamp(tl_row, C_ROUTER_DONE, IS_HIP, INTERP, TIMELINE)
         if MODE != 2:
             NT: tl.constexpr = I_R // BN
-            NHT1: tl.constexpr = H // BH
             n_items = n_active * NT
-            # this CTA's first PF stage-2 tiles start streaming into L2 while its last stage-1 item
-            # runs (or now, if it has none), so stage 2 starts on L2 hits after the grid barrier
-            c1 = tl.maximum((n_items - pid + BLOCKS - 1) // BLOCKS, 0)  # this CTA's stage-1 items
-            if c1 == 0:
-                for i2 in tl.static_range(PF):
-                    _pf_w2(i2, n_active * NHT1, pid, ecta, w2, first_expert, H, I_R, NHT1, BH, BLOCKS, MODE, LANES,
-                           PF, IS_HIP, INTERP)
             xb = _as(scratch, SC_X, tl.float16)
             act = _as(scratch, SC_ACT, tl.float16)
             nn = tl.arange(0, BN)
@@ -532,12 +496,7 @@ def ffn_kernel(
             xo2 = (c2 // SP * S + c2 % SP)[None, :] * H + kc2[:, None]  # hi rows, then lo rows
             xm2 = ((c2 % SP) < S)[None, :]
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
-            q = pid * 0
             while w < n_items:
-                if q + 1 == c1:
-                    for i2 in tl.static_range(PF):
-                        _pf_w2(i2, n_active * NHT1, pid, ecta, w2, first_expert, H, I_R, NHT1, BH, BLOCKS, MODE,
-                               LANES, PF, IS_HIP, INTERP)
                 j = w // NT
                 t = w % NT
                 ej = tl.load(ecta + j)
@@ -565,7 +524,6 @@ def ffn_kernel(
                 a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
                 tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
                 w += BLOCKS
-                q += 1
         _stamp(sub_row, 3, IS_HIP, INTERP, TIMELINE)
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_REDUCE, BLOCKS, IS_HIP, INTERP, STAGE)
 
@@ -575,22 +533,17 @@ def ffn_kernel(
         if MODE != 2:
             n_act = tl.load(_as(scratch, SC_META, tl.int32))
             act = _as(scratch, SC_ACT, tl.float16)
-            elist = _as(scratch, SC_ELIST, tl.int32)
+            ecta = _as(scratch, SC_ECTA, tl.int32) + pid * EP2  # this CTA's own list (phase C)
             ypart = _as(scratch, SC_YPART, tl.float32)
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
             NHT: tl.constexpr = H // BH
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
-            ecta = _as(scratch, SC_ECTA, tl.int32) + pid * EP2
-            i2 = pid * 0
             w = pid
             while w < n_act * NHT:
-                _pf_w2(i2 + PF, n_act * NHT, pid, ecta, w2, first_expert, H, I_R, NHT, BH, BLOCKS, MODE, LANES, PF,
-                       IS_HIP, INTERP)
-                i2 += 1
                 j = w // NHT
                 t = w % NHT
-                ej = tl.load(elist + j)
+                ej = tl.load(ecta + j)
                 le = ej.to(tl.int64)
                 if MODE == 1:
                     le = (ej - first_expert).to(tl.int64)
@@ -678,7 +631,6 @@ STAGES = (1, 6, 2, 3, 4, 5, 7, 8)  # seam push/publish, seam wait+sum, router, t
 #                                    sum+reduce push/publish, reduce wait+out (+handshake publish), handshake wait+end
 NUM_STAGES_EXPERTS = 4  # software-pipeline depth of the two expert GEMM loops (bytes in flight per SM)
 NUM_STAGES_HIP = 2
-LANES = 128  # threads of a CTA on NVIDIA (4 warps): one L2-prefetch slice each
 ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
              "w2", "s2", "scratch", "peers", "epoch", "inject", "cfg", "rank", "first_expert")
 
@@ -688,7 +640,7 @@ def _p2(n: int) -> int:
 
 
 def _tune() -> dict:
-    """Development override of tile choices, e.g. FFNQ_TRITON_TUNE="BN=32,PF=1" (offline
+    """Development override of tile choices, e.g. FFNQ_TRITON_TUNE="BN=32,NS=6" (offline
     prewarm and the runner must see the same value: it is part of the compiled variant)."""
     raw = os.environ.get("FFNQ_TRITON_TUNE", "")
     return {k.strip(): int(v) for k, v in (kv.split("=") for kv in raw.split(",") if kv.strip())}
@@ -713,14 +665,10 @@ def geometry(key) -> dict:
         bn //= 2
     bh = 128
     jb = max(1, min(8, 2048 // (16 * max(16, _p2(ch)))))
-    # L2 prefetch depth in stage-2 items: PF x 128 CTAs x ~100 KB stays well inside the 50 MB L2
-    pf = tune.get("PF", 0)  # measured: PF=2 cost 3-6% (dev round 3, notes/triton-kernel.md)
-    if i_r and (bh * i_r) % (16 * LANES):
-        pf = 0  # a bulk prefetch moves whole 16-byte units per lane
     return dict(BH=bh, JB=jb, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=_p2(key.tokens),
-                BN=bn, EPS=float(m.eps), PF=pf, LANES=LANES, NSLOT=nslot)
+                BN=bn, EPS=float(m.eps), NSLOT=nslot)
 
 
 def scratch_extra(key) -> list:
@@ -729,8 +677,7 @@ def scratch_extra(key) -> list:
     g = geometry(key)
     S, H = key.tokens, g["H"]
     out = [("h", torch.float32, (S, H)), ("x", torch.float16, (2, S, H)), ("ssq", torch.float32, (g["NCH"], 16)),
-           ("logits", torch.float32, (16, g["E"])), ("elist", torch.int32, (max(1, g["NSLOT"]),)),
-           ("meta", torch.int32, (4,)), ("wtab", torch.float32, (key.blocks, g["EP2"], 16)),
+           ("logits", torch.float32, (16, g["E"])), ("meta", torch.int32, (4,)), ("wtab", torch.float32, (key.blocks, g["EP2"], 16)),
            ("plog", torch.float32, (g["NCH"], S, g["EP2"])), ("ecta", torch.int32, (key.blocks, g["EP2"])),
            ("sub", torch.int64, (key.blocks, 16))]
     if g["NSLOT"]:
@@ -746,7 +693,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     g = geometry(key)
     g.pop("NSLOT")
     sc = {"SC_FAULT": "fault", "SC_TL": "timeline", "SC_ROUTE": "route", "SC_ROUTEW": "route_w", "SC_H": "h",
-          "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_ELIST": "elist", "SC_META": "meta",
+          "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_META": "meta",
           "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
           "SC_SUB": "sub"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
