@@ -59,17 +59,21 @@ def check(kernel: str, per_cu: int, cus: int, grid: int) -> None:
 
 
 # ---- live query -------------------------------------------------------------------------------
+def _ctypes_occupancy(lib: str, name: str, function: int, threads: int, shared: int) -> int:
+    n = ctypes.c_int(0)
+    err = getattr(ctypes.CDLL(lib), name)(ctypes.byref(n), ctypes.c_void_p(function), ctypes.c_int(threads),
+                                          ctypes.c_size_t(shared))
+    if err:
+        raise RuntimeError(f"{name} failed: {err}")
+    return n.value
+
+
 def live_ctas_per_cu(function: int, threads: int, shared: int, hip: bool = False) -> int:
     """The driver's cuOccupancyMaxActiveBlocksPerMultiprocessor (or the HIP module variant) for a
     loaded kernel handle (Triton's ``CompiledKernel.function`` after ``_init_handles``)."""
     if hip:
-        lib = ctypes.CDLL("libamdhip64.so")
-        n = ctypes.c_int(0)
-        err = lib.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), ctypes.c_void_p(function),
-                                                                    ctypes.c_int(threads), ctypes.c_size_t(shared))
-        if err:
-            raise RuntimeError(f"hipModuleOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
-        return n.value
+        return _ctypes_occupancy("libamdhip64.so", "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", function,
+                                 threads, shared)
     try:
         from cuda.bindings import driver as cu
     except ImportError:
@@ -79,10 +83,5 @@ def live_ctas_per_cu(function: int, threads: int, shared: int, hip: bool = False
         if int(err) != 0:
             raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
         return int(n)
-    lib = ctypes.CDLL("libcuda.so.1")
-    n = ctypes.c_int(0)
-    err = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), ctypes.c_void_p(function),
-                                                          ctypes.c_int(threads), ctypes.c_size_t(shared))
-    if err:
-        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
-    return n.value
+    return _ctypes_occupancy("libcuda.so.1", "cuOccupancyMaxActiveBlocksPerMultiprocessor", function, threads,
+                             shared)
