@@ -129,9 +129,13 @@ def profile(rt, full, spec, w, dev, experts):
         torch.cuda.synchronize()
         t = rt.view(s, "timeline").cpu().double()
         sub = rt.view(s, "sub").cpu().double()
+        own = sub[:, 7] > 0  # the CTAs that own a column chunk (they stamp the wait before the sum)
+        t, sub = t[own], sub[own]
+        # stage 2 starts right after stage 1 (no barrier 3: per-expert counters); "tiles" is the
+        # sum's wait for its H tiles' stage-2 items (no barrier 4)
         seq = [("start", t[:, cols["start"]]), ("seam", t[:, cols["seam_done"]]), ("bar1", sub[:, 0]),
                ("logits", sub[:, 1]), ("bar2", sub[:, 2]), ("topk", t[:, cols["router_done"]]),
-               ("stage1", sub[:, 3]), ("bar3", sub[:, 4]), ("stage2", sub[:, 5]), ("bar4", sub[:, 6]),
+               ("stage1", sub[:, 3]), ("stage2", sub[:, 5]), ("to_sum", sub[:, 6]), ("tiles", sub[:, 7]),
                ("sum", t[:, cols["experts_done"]]), ("reduce", t[:, cols["reduce_done"]]), ("end", t[:, cols["end"]])]
         t0 = float(seq[0][1].median())
         row = {}

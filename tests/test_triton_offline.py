@@ -96,6 +96,37 @@ def test_interpreter_tp1_matches_reference():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+def test_interpreter_row_topk_and_split_k(monkeypatch):
+    """Six rows, so one CTA per row picks that row's top-k in phase B, and the stage-1 items
+    split in two K parts (the last arriver of a tile sums them): TP1 numerics and routing."""
+    import torch
+    from ffnq import reference
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.backends.triton import kernel as K
+    from ffnq.weights import shard, synthetic
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=2")
+    spec, S = load_model("tiny"), 6
+    full = synthetic(spec, seed=6)
+    w = shard(full, spec, 1, 0, Experts.ALL)
+    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
+    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[S], model=spec)
+    geo = K.geometry(r.keys[S])
+    assert geo["KS"] == 2 and geo["ROWTOP"]
+    g = torch.Generator().manual_seed(8)
+    part = torch.randn(S, spec.hidden, generator=g).bfloat16()
+    resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
+    slots = torch.tensor([0, 1, -1, 3, 4, 5])
+    out, res = r(part, resid, w, slots)
+    ref = reference.step([part], resid, slots, full, spec)
+    live = torch.tensor([0, 1, 3, 4, 5])
+    assert reference.compare(out, ref.out, rows=live)["rel_err"] < 1e-2
+    assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
+    assert torch.equal(r.view(S, "route").long(), ref.chosen)
+    assert torch.allclose(r.view(S, "route_w")[live].double(), ref.weights[live], rtol=1e-4, atol=1e-6)
+    assert (out[2] == 0).all() and r.fault(S) is None
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_fault_protocol_tp2_in_one_process():
     """Rank 0 runs alone: its seam wait expires (the interpreter has no clock: one look), it
     records rank 1 as missing, notes it in every fault_box and publishes -e later; rank 1 then

@@ -282,6 +282,26 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
         tl.debug_barrier()
 
 
+@triton.jit
+def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+    """Wait until the GPU-local counter *ptr reaches target (work of other CTAs of this launch:
+    it always arrives, so the bound, 4x timeout like a grid barrier, is a last resort)."""
+    v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+    if v < target:
+        t0 = now_u(IS_HIP, INTERP)
+        deadline = t0 + 4 * timeout_ns
+        if INTERP:  # no clock there; the staged launches finish every count before its use
+            deadline = t0 - 1
+        t = t0
+        while (v < target) & (t <= deadline):
+            _backoff(IS_HIP, INTERP)
+            v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+            t = now_u(IS_HIP, INTERP)
+        if v < target:
+            _record_fault(fault, fault, e, PH_REDUCE, rank, 0, t - t0, pid, t, 0, 1, False)
+    tl.debug_barrier()
+
+
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +321,9 @@ def ffn_kernel(
     SC_FAULT: tl.constexpr, SC_TL: tl.constexpr, SC_ROUTE: tl.constexpr, SC_ROUTEW: tl.constexpr,
     SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
     SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
-    SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
+    SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
+    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
+    NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr,
 ):
@@ -409,7 +431,52 @@ def ffn_kernel(
             xl = (xc - xh.to(tl.float32)).to(tl.float16)
             tl.store(_as(scratch, SC_X, tl.float16) + offs, xh, mask=m2)
             tl.store(_as(scratch, SC_X, tl.float16) + S * H + offs, xl, mask=m2)
-        if pid * EPC < E:
+        # the expert phases' counters, cleared here: every use is after barrier 2 (a stale or
+        # poisoned value from an aborted launch cannot leak in)
+        sq = pid * SEG + tl.arange(0, SEGP2)
+        tl.store(_as(scratch, SC_SYNC, tl.int32) + sq, tl.zeros((SEGP2,), tl.int32),
+                 mask=(tl.arange(0, SEGP2) < SEG) & (sq < NSYNC))
+        if ROWTOP:
+            if pid < S:
+                # one CTA per row: its logits (the chunk partials summed in chunk order, the same
+                # on every rank) and its top-k; the redundant [RT, E] top-k in every CTA cost
+                # ~28 us at 16 rows
+                rr = pid
+                CB: tl.constexpr = 8
+                cb = tl.arange(0, CB)
+                accl = tl.zeros((EP2,), tl.float32)
+                for c0 in tl.range(0, NCH, CB):
+                    v = tl.load(_as(scratch, SC_PLOG, tl.float32) + ((c0 + cb)[:, None] * S + rr) * EP2
+                                + ecols[None, :], mask=((c0 + cb) < NCH)[:, None] & evalid[None, :], other=0.0)
+                    accl += tl.sum(v, axis=0)
+                lg1 = accl * tl.sum(tl.where(rows == rr, rstd, 0.0), axis=0)
+                tl.store(_as(scratch, SC_LOGIT, tl.float32) + rr * E + ecols, lg1, mask=evalid)
+                sc1 = 1.0 / (1.0 + tl.exp(-lg1))
+                bias1 = tl.load(router_bias + ecols, mask=evalid, other=0.0)
+                b1 = tl.where(evalid, sc1 + bias1, float("-inf"))
+                bits1 = b1.to(tl.int32, bitcast=True)
+                key1 = ((bits1 ^ ((bits1 >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | (EP2 - 1 - ecols).to(tl.int64)
+                sel1 = tl.zeros((EP2,), tl.int32)
+                for kk in tl.static_range(K):
+                    hit1 = key1 == tl.max(key1, axis=0)
+                    sel1 = tl.where(hit1, 1, sel1)
+                    key1 = tl.where(hit1, -9223372036854775807, key1)
+                pad1 = tl.load(slots + rr) < 0
+                sel1 = tl.where(pad1, 0, sel1)
+                w1 = tl.where(sel1 > 0, sc1, 0.0)
+                ws1 = tl.sum(w1, axis=0)
+                w1 = w1 / tl.where(ws1 > 0, ws1, 1.0)
+                tl.store(_as(scratch, SC_WTAB, tl.float32) + ecols * SP + rr, w1)  # one shared [E][SP] table
+                tl.store(_as(scratch, SC_SEL, tl.int32) + rr * EP2 + ecols, sel1)
+                pos1 = tl.cumsum(sel1, axis=0) - 1
+                rte = _as(scratch, SC_ROUTE, tl.int32) + rr * K
+                rtw = _as(scratch, SC_ROUTEW, tl.float32) + rr * K
+                tl.store(rte + pos1, ecols, mask=sel1 > 0)
+                tl.store(rtw + pos1, w1, mask=sel1 > 0)
+                kc1 = tl.arange(0, KP2)
+                tl.store(rte + kc1, tl.full((KP2,), -1, tl.int32), mask=(kc1 < K) & pad1)
+                tl.store(rtw + kc1, tl.zeros((KP2,), tl.float32), mask=(kc1 < K) & pad1)
+        elif pid * EPC < E:
             # this CTA's experts: the chunks' partial logits summed in chunk order (the same on
             # every rank, so every rank routes the same), times rstd
             ssq_r = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows_r[None, :],
@@ -427,92 +494,110 @@ def ffn_kernel(
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE)
 
     # ------------------------------------------------------------------------------ C: top-k + experts stage 1
+    sync = _as(scratch, SC_SYNC, tl.int32)  # [NSL] stage-1 tiles done per slot, [NHT] stage-2 items done per H tile, [NSL*NT] split-K arrivals
+    meta = _as(scratch, SC_META, tl.int32)
+    NT: tl.constexpr = I_R // BN
+    NHT: tl.constexpr = H // BH
+    KSTEP: tl.constexpr = H // KS
     if (STAGE == 0) | (STAGE == 3):
         _stamp(sub_row, 2, IS_HIP, INTERP, TIMELINE)
-        lg = tl.load(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecols[None, :],
-                     mask=rmask_r[:, None] & evalid[None, :], other=0.0)
-        scores = 1.0 / (1.0 + tl.exp(-lg))
-        bias = tl.load(router_bias + ecols, mask=evalid, other=0.0)
-        b = tl.where(evalid[None, :], scores + bias[None, :], float("-inf"))
-        # one int64 key per score: the fp32 bits made order-preserving in the high word, the
-        # reversed index in the low word, so one max per round picks the highest biased score
-        # and, among equal ones, the lowest index
-        # (at RT > 4 rows the int64 keys cost more registers than the second reduction saves)
-        sel = tl.zeros((RT, EP2), tl.int32)
-        if RT <= 4:
-            bits = b.to(tl.int32, bitcast=True)
-            key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | (EP2 - 1 - ecols)[None, :].to(tl.int64)
-            for kk in tl.static_range(K):
-                m = tl.max(key, axis=1)
-                hit = key == m[:, None]
-                sel = tl.where(hit, 1, sel)
-                key = tl.where(hit, -9223372036854775807, key)
+        ecta = _as(scratch, SC_ECTA, tl.int32) + pid * EP2
+        if ROWTOP:
+            # the rows' picks from phase B -> the active experts (the same list in every CTA)
+            selt = tl.load(_as(scratch, SC_SEL, tl.int32) + rows_r[:, None] * EP2 + ecols[None, :],
+                           mask=rmask_r[:, None], other=0, cache_modifier=".cg")
+            active = tl.max(selt, axis=0)  # [EP2]
+            wtab = _as(scratch, SC_WTAB, tl.float32)
         else:
-            for kk in tl.static_range(K):
-                m = tl.max(b, axis=1)
-                idx = tl.min(tl.where(b == m[:, None], ecols[None, :], EP2), axis=1)
-                hit = ecols[None, :] == idx[:, None]
-                sel = tl.where(hit, 1, sel)
-                b = tl.where(hit, float("-inf"), b)
-        slot = tl.load(slots + rows_r, mask=rmask_r, other=-1)
-        live = rmask_r & (slot >= 0)
-        sel = tl.where(live[:, None], sel, 0)
-        wsel = tl.where(sel > 0, scores, 0.0)
-        wsum = tl.sum(wsel, axis=1)
-        wsel = wsel / tl.where(wsum > 0, wsum, 1.0)[:, None]
-        active = tl.max(sel, axis=0)  # [EP2]
+            lg = tl.load(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecols[None, :],
+                         mask=rmask_r[:, None] & evalid[None, :], other=0.0)
+            scores = 1.0 / (1.0 + tl.exp(-lg))
+            bias = tl.load(router_bias + ecols, mask=evalid, other=0.0)
+            b = tl.where(evalid[None, :], scores + bias[None, :], float("-inf"))
+            # one int64 key per score: the fp32 bits made order-preserving in the high word, the
+            # reversed index in the low word, so one max per round picks the highest biased score
+            # and, among equal ones, the lowest index
+            # (at RT > 4 rows the int64 keys cost more registers than the second reduction saves)
+            sel = tl.zeros((RT, EP2), tl.int32)
+            if RT <= 4:
+                bits = b.to(tl.int32, bitcast=True)
+                key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | (EP2 - 1 - ecols)[None, :].to(tl.int64)
+                for kk in tl.static_range(K):
+                    m = tl.max(key, axis=1)
+                    hit = key == m[:, None]
+                    sel = tl.where(hit, 1, sel)
+                    key = tl.where(hit, -9223372036854775807, key)
+            else:
+                for kk in tl.static_range(K):
+                    m = tl.max(b, axis=1)
+                    idx = tl.min(tl.where(b == m[:, None], ecols[None, :], EP2), axis=1)
+                    hit = ecols[None, :] == idx[:, None]
+                    sel = tl.where(hit, 1, sel)
+                    b = tl.where(hit, float("-inf"), b)
+            slot = tl.load(slots + rows_r, mask=rmask_r, other=-1)
+            live = rmask_r & (slot >= 0)
+            sel = tl.where(live[:, None], sel, 0)
+            wsel = tl.where(sel > 0, scores, 0.0)
+            wsum = tl.sum(wsel, axis=1)
+            wsel = wsel / tl.where(wsum > 0, wsum, 1.0)[:, None]
+            active = tl.max(sel, axis=0)  # [EP2]
+            # this CTA's copy of the routing weights, transposed [E][SP]: a work item reads them
+            # from here (L1) instead of keeping [RT, E] tensors live
+            wtab = _as(scratch, SC_WTAB, tl.float32) + pid * (EP2 * SP)
+            tl.store(wtab + ecols[None, :] * SP + rows_r[:, None], wsel)
+            if pid == 0:
+                pos = tl.cumsum(sel, axis=1) - 1
+                rte = _as(scratch, SC_ROUTE, tl.int32)
+                rtw = _as(scratch, SC_ROUTEW, tl.float32)
+                ro = rows_r[:, None] * K + pos
+                tl.store(rte + ro, ecols[None, :] + tl.zeros((RT, EP2), tl.int32), mask=sel > 0)
+                tl.store(rtw + ro, wsel, mask=sel > 0)
+                kc = tl.arange(0, KP2)
+                pm = (rmask_r & (slot < 0))[:, None] & (kc < K)[None, :]
+                tl.store(rte + rows_r[:, None] * K + kc[None, :], tl.full((RT, KP2), -1, tl.int32), mask=pm)
+                tl.store(rtw + rows_r[:, None] * K + kc[None, :], tl.zeros((RT, KP2), tl.float32), mask=pm)
         if MODE == 1:
             active = tl.where((ecols >= first_expert) & (ecols < first_expert + NLOC), active, 0)
         slot_of = tl.cumsum(active, axis=0) - 1
         n_active = tl.sum(active, axis=0)
-        # this CTA's copies of the routing weights, transposed [E][SP], and of the active-expert
-        # list: a work item reads them from here (L1) instead of keeping [RT, E] tensors live
-        wtab = _as(scratch, SC_WTAB, tl.float32) + pid * (EP2 * SP)
-        tl.store(wtab + ecols[None, :] * SP + rows_r[:, None], wsel)
-        ecta = _as(scratch, SC_ECTA, tl.int32) + pid * EP2
         tl.store(ecta + slot_of, ecols, mask=active > 0)
-        tl.debug_barrier()
+        tl.store(meta + 4 + pid, n_active)  # this CTA's own count (stage 2 and the sum read it back)
         if pid == 0:
-            pos = tl.cumsum(sel, axis=1) - 1
-            rte = _as(scratch, SC_ROUTE, tl.int32)
-            rtw = _as(scratch, SC_ROUTEW, tl.float32)
-            ro = rows_r[:, None] * K + pos
-            tl.store(rte + ro, ecols[None, :] + tl.zeros((RT, EP2), tl.int32), mask=sel > 0)
-            tl.store(rtw + ro, wsel, mask=sel > 0)
-            kc = tl.arange(0, KP2)
-            pm = (rmask_r & (slot < 0))[:, None] & (kc < K)[None, :]
-            tl.store(rte + rows_r[:, None] * K + kc[None, :], tl.full((RT, KP2), -1, tl.int32), mask=pm)
-            tl.store(rtw + rows_r[:, None] * K + kc[None, :], tl.zeros((RT, KP2), tl.float32), mask=pm)
-            tl.store(_as(scratch, SC_META, tl.int32), n_active)
+            tl.store(meta, n_active)
+        tl.debug_barrier()
         _stamp(tl_row, C_ROUTER_DONE, IS_HIP, INTERP, TIMELINE)
         if MODE != 2:
-            NT: tl.constexpr = I_R // BN
-            n_items = n_active * NT
+            # items (slot j, BN-row tile t of I_r, K part ks), ks fastest; with KS > 1 the last
+            # arriver of a (j, t) sums the parts in ks order (deterministic) and finishes the tile
+            n_items = n_active * (NT * KS)
             xb = _as(scratch, SC_X, tl.float16)
             act = _as(scratch, SC_ACT, tl.float16)
+            gpart = _as(scratch, SC_GPART, tl.float32)
             nn = tl.arange(0, BN)
             kc2 = tl.arange(0, BK)
             c2 = tl.arange(0, 2 * SP)
             xo2 = (c2 // SP * S + c2 % SP)[None, :] * H + kc2[:, None]  # hi rows, then lo rows
             xm2 = ((c2 % SP) < S)[None, :]
+            go = nn[:, None] * SP + rows[None, :]
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             while w < n_items:
-                j = w // NT
-                t = w % NT
+                jt = w // KS
+                kb = (w % KS) * KSTEP
+                j = jt // NT
+                t = jt % NT
                 ej = tl.load(ecta + j)
-                wt = tl.load(wtab + ej * SP + rows, mask=rmask, other=0.0)  # [SP]
                 le = ej.to(tl.int64)
                 if MODE == 1:
                     le = (ej - first_expert).to(tl.int64)
-                wbase = w13 + le * (2 * I_R * H)
-                sbase = s13 + le * ((2 * I_R // 128) * (H // 128))
+                wbase = w13 + le * (2 * I_R * H) + kb
+                sbase = s13 + le * ((2 * I_R // 128) * (H // 128)) + kb // 128
                 r1 = t * BN + nn  # rows of w1 (gate); w3 (up) rows are I_R further
                 # transposed [weight rows, 2 x SP]: columns 0..15 take x_hi, 16..31 x_lo, one MMA per
                 # weight tile and K step (no wait between a hi and a lo MMA); halves summed at the end
                 acc_g = tl.zeros((BN, 2 * SP), tl.float32)
                 acc_u = tl.zeros((BN, 2 * SP), tl.float32)
-                for k0 in tl.range(0, H, BK, num_stages=NS):
-                    xk = tl.load(xb + xo2 + k0, mask=xm2, other=0.0)  # [x_hi | x_lo]^T tile [BK, 2*SP]
+                for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
+                    xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # [x_hi | x_lo]^T tile [BK, 2*SP]
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128)
@@ -521,45 +606,69 @@ def ffn_kernel(
                     acc_u = _mma(_wscaled(wu, su, INTERP), xk, acc_u, INTERP)
                 g = tl.sum(tl.reshape(acc_g, (BN, 2, SP)), axis=1)
                 u = tl.sum(tl.reshape(acc_u, (BN, 2, SP)), axis=1)
-                a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
-                tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
+                last = True
+                if KS > 1:
+                    gp = gpart + w.to(tl.int64) * (2 * BN * SP)
+                    tl.store(gp + go, g)
+                    tl.store(gp + BN * SP + go, u)
+                    tl.debug_barrier()
+                    last = tl.atomic_add(sync + NSL + NHT + jt, 1, sem="acq_rel", scope="gpu") == KS - 1
+                    if last:
+                        g = tl.zeros((BN, SP), tl.float32)
+                        u = tl.zeros((BN, SP), tl.float32)
+                        for q in tl.static_range(KS):
+                            gq = gpart + (jt * KS + q).to(tl.int64) * (2 * BN * SP)
+                            g += tl.load(gq + go, cache_modifier=".cg")
+                            u += tl.load(gq + BN * SP + go, cache_modifier=".cg")
+                if last:
+                    wt = tl.load(wtab + ej * SP + rows, mask=rmask, other=0.0)  # [SP]
+                    a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
+                    tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
+                    tl.debug_barrier()
+                    tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
                 w += BLOCKS
         _stamp(sub_row, 3, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_REDUCE, BLOCKS, IS_HIP, INTERP, STAGE)
+    # no grid barrier: a stage-2 item waits for its own expert's NT tiles only
 
     # ------------------------------------------------------------------------------ D: experts stage 2
-    # work items (active expert j, BH-column tile of H): ypart[j, :S, tile] = act[j] @ w2[e_j][tile]^T
+    # work items (active expert j, BH-column tile of H): ypart[j, :S, tile] = act[j] @ w2[e_j][tile]^T,
+    # numbered after the stage-1 items, so a CTA with no stage-1 item starts on stage 2 at once
     if (STAGE == 0) | (STAGE == 4):
         if MODE != 2:
-            n_act = tl.load(_as(scratch, SC_META, tl.int32))
+            n_act = tl.load(meta + 4 + pid)
+            n1 = n_act * (NT * KS)
             act = _as(scratch, SC_ACT, tl.float16)
             ecta = _as(scratch, SC_ECTA, tl.int32) + pid * EP2  # this CTA's own list (phase C)
             ypart = _as(scratch, SC_YPART, tl.float32)
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
-            NHT: tl.constexpr = H // BH
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
             w = pid
-            while w < n_act * NHT:
-                j = w // NHT
-                t = w % NHT
+            if w < n1:
+                w += ((n1 - w + BLOCKS - 1) // BLOCKS) * BLOCKS
+            while w < n1 + n_act * NHT:
+                j = (w - n1) // NHT
+                t = (w - n1) % NHT
                 ej = tl.load(ecta + j)
                 le = ej.to(tl.int64)
                 if MODE == 1:
                     le = (ej - first_expert).to(tl.int64)
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
+                _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP)
                 yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
                 for k0 in tl.range(0, I_R, 128, num_stages=NS):
                     a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
-                                mask=rmask[None, :], other=0.0)
+                                mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                     wq = tl.load(wbase + k0 + ki[None, :])
                     yt = _mma(_wscaled(wq, tl.load(sbase + k0 // 128), INTERP), a, yt, INTERP)
                 tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt,
                          mask=rmask[None, :])
+                tl.debug_barrier()
+                tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
                 w += BLOCKS
             _stamp(sub_row, 5, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_REDUCE, BLOCKS, IS_HIP, INTERP, STAGE)
+    # no grid barrier: the sum of a chunk waits for its own H tiles only
 
     # ------------------------------------------------------------------------------ E: sum + reduce
     if (STAGE == 0) | (STAGE == 5):
@@ -568,7 +677,11 @@ def ffn_kernel(
         if MODE != 2:
             if pid < NCH:
                 # this chunk's MoE partial: the experts' parts summed in slot order (deterministic)
-                n_act = tl.load(_as(scratch, SC_META, tl.int32))
+                n_act = tl.load(meta + 4 + pid)
+                _wait_count(sync + NSL + (pid * CH) // BH, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP)
+                _wait_count(sync + NSL + (pid * CH + CH - 1) // BH, n_act, fault, e, rank, timeout_ns, pid, IS_HIP,
+                            INTERP)
+                _stamp(sub_row, 7, IS_HIP, INTERP, TIMELINE)
                 ypart = _as(scratch, SC_YPART, tl.float32)
                 jj = tl.arange(0, JB)
                 yo = rows[:, None] * H + ccols[None, :]
@@ -576,7 +689,7 @@ def ffn_kernel(
                 while j0 < n_act:
                     js = j0 + jj
                     v = tl.load(ypart + (js[:, None, None] * S * H).to(tl.int64) + yo[None, :, :],
-                                mask=(js < n_act)[:, None, None] & m2[None, :, :], other=0.0)
+                                mask=(js < n_act)[:, None, None] & m2[None, :, :], other=0.0, cache_modifier=".cg")
                     y += tl.sum(v, axis=0)
                     j0 += JB
         _stamp(tl_row, C_EXPERTS_DONE, IS_HIP, INTERP, TIMELINE)
@@ -665,10 +778,23 @@ def geometry(key) -> dict:
         bn //= 2
     bh = 128
     jb = max(1, min(8, 2048 // (16 * max(16, _p2(ch)))))
+    nt = i_r // bn if i_r else 1
+    # split K of the stage-1 items while a width's items leave CTAs idle (one token: 96 items
+    # of 393 KB at TP2), so every CTA streams weights; the parts must be whole scale blocks
+    ks = tune.get("KS", 0)
+    if not ks:
+        ks = next((k for k in (4, 3, 2) if nslot * nt * k <= blocks and (H // 128) % k == 0), 1)
+    if (H // 128) % ks:
+        raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
+    rt = _p2(key.tokens)
+    nsl, nht = max(1, nslot), H // bh
+    nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
+    seg = -(-nsync // blocks)
     return dict(BH=bh, JB=jb, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
-                NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=_p2(key.tokens),
-                BN=bn, EPS=float(m.eps), NSLOT=nslot)
+                NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
+                BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= tune.get("RTOP", 8), NSL=nsl,
+                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg))
 
 
 def scratch_extra(key) -> list:
@@ -677,12 +803,16 @@ def scratch_extra(key) -> list:
     g = geometry(key)
     S, H = key.tokens, g["H"]
     out = [("h", torch.float32, (S, H)), ("x", torch.float16, (2, S, H)), ("ssq", torch.float32, (g["NCH"], 16)),
-           ("logits", torch.float32, (16, g["E"])), ("meta", torch.int32, (4,)), ("wtab", torch.float32, (key.blocks, g["EP2"], 16)),
+           ("logits", torch.float32, (16, g["E"])), ("meta", torch.int32, (4 + key.blocks,)),
+           ("wtab", torch.float32, (key.blocks, g["EP2"], 16)),
            ("plog", torch.float32, (g["NCH"], S, g["EP2"])), ("ecta", torch.int32, (key.blocks, g["EP2"])),
-           ("sub", torch.int64, (key.blocks, 16))]
+           ("sub", torch.int64, (key.blocks, 16)), ("sync", torch.int32, (g["NSYNC"],)),
+           ("sel", torch.int32, (S, g["EP2"]))]
     if g["NSLOT"]:
         out.append(("act", torch.float16, (g["NSLOT"], 16, g["I_R"])))
         out.append(("ypart", torch.float32, (g["NSLOT"], S, H)))
+        if g["KS"] > 1:
+            out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
     return out
 
 
@@ -695,7 +825,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     sc = {"SC_FAULT": "fault", "SC_TL": "timeline", "SC_ROUTE": "route", "SC_ROUTEW": "route_w", "SC_H": "h",
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_META": "meta",
           "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
-          "SC_SUB": "sub"}
+          "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_SEL": "sel"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
         g["NS"] = NUM_STAGES_HIP
