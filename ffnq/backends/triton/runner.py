@@ -28,10 +28,11 @@ class TritonRunner(Runner):
     # the baselines' device all-reduce
     DIST_BACKEND = "cpu:gloo,cuda:nccl"
     # 2 CTAs per SM on an H200 (132 SMs; 255 regs x 128 threads, 90 KB smem each): two warp groups
-    # per SM stream weights. One token's 96 stage-1 items fit 128 CTAs, and a 128 grid ran it
-    # 15% faster (its barriers are cheaper); from 2 tokens on 256 won by 10-16% (dev round 4).
+    # per SM stream weights. From 2 tokens on 256 won by 10-16% (dev round 4); one token's 96
+    # stage-1 items ran 15% faster on 128 until they were split in two K parts (v12): 256 then
+    # won by 3.4% (74.2 vs 76.8 us, dev round 5).
     BLOCKS = 256
-    BLOCKS_ONE_TOKEN = 128
+    BLOCKS_ONE_TOKEN = 256
     NUM_WARPS = 4
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
 
