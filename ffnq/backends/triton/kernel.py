@@ -118,7 +118,7 @@ def _backoff(IS_HIP: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _wscaled(w, scale, INTERP: tl.constexpr, F16S: tl.constexpr):
+def _wscaled(w, scale, INTERP: tl.constexpr, F16S: tl.constexpr, IS_HIP: tl.constexpr):
     """fp8 weight codes times their block's dequant scale, as the fp16 A operand of the MMA.
     Folding the scale into the weights lets the MMA accumulate over the whole K loop (async
     wgmma, no wait per K step); the price is the rounding of w*scale to fp16 (<= 2^-11
@@ -130,10 +130,13 @@ def _wscaled(w, scale, INTERP: tl.constexpr, F16S: tl.constexpr):
         # fp8 -> fp16 is exact and packed (one cvt per 2 codes), the product an fp16x2 multiply:
         # a third of the instructions of the fp32 path. The scale comes pre-multiplied by 2^SHIFT
         # (undone on the accumulator, exact) so that small block scales stay normal in fp16.
-        # (Triton emits a scalar mul.f16 per element plus unpacking movs: the packed form by hand)
-        s16 = tl.full(w.shape, 0, tl.float16) + scale.to(tl.float16)
-        r = tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [w.to(tl.float16), s16],
-                                      dtype=tl.float16, is_pure=True, pack=2)
+        if IS_HIP:
+            r = w.to(tl.float16) * scale.to(tl.float16)
+        else:
+            # (Triton emits a scalar mul.f16 per element plus unpacking movs: the packed form by hand)
+            s16 = tl.full(w.shape, 0, tl.float16) + scale.to(tl.float16)
+            r = tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [w.to(tl.float16), s16],
+                                          dtype=tl.float16, is_pure=True, pack=2)
     else:
         r = (w.to(tl.float32) * scale).to(tl.float16)
     return r
@@ -333,7 +336,7 @@ def ffn_kernel(
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
     SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr, F16S: tl.constexpr,
-    SHIFT: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
+    SHIFT: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr,
 ):
@@ -380,6 +383,8 @@ def ffn_kernel(
         if pid == 0:
             if tl.atomic_add(fault + F_EPOCH, 0, sem="relaxed", scope="gpu") != e.to(tl.int64):
                 tl.store(fault + F_VALID, 0)
+            if ROWTOP:  # phase B's per-row arrival counters (used after barrier 1)
+                tl.store(_as(scratch, SC_ROWCNT, tl.int32) + tl.arange(0, 16), tl.zeros((16,), tl.int32))
         if not INTERP:
             who = tl.load(inject)
             if who == rank + 1:
@@ -447,20 +452,24 @@ def ffn_kernel(
         tl.store(_as(scratch, SC_SYNC, tl.int32) + sq, tl.zeros((SEGP2,), tl.int32),
                  mask=(tl.arange(0, SEGP2) < SEG) & (sq < NSYNC))
         if ROWTOP:
-            if pid < S:
-                # one CTA per row: its logits (the chunk partials summed in chunk order, the same
-                # on every rank) and its top-k; the redundant [RT, E] top-k in every CTA cost
-                # ~28 us at 16 rows
-                rr = pid
-                CB: tl.constexpr = 16
-                cb = tl.arange(0, CB)
-                accl = tl.zeros((EP2,), tl.float32)
-                # unrolled: the loads of every block issue ahead of the sums (a rolled loop waited
-                # one L2 round trip per block: 18 us at 192 chunks)
-                for c0 in tl.static_range(0, NCH, CB):
-                    v = tl.load(_as(scratch, SC_PLOG, tl.float32) + ((c0 + cb)[:, None] * S + rr) * EP2
-                                + ecols[None, :], mask=((c0 + cb) < NCH)[:, None] & evalid[None, :], other=0.0)
-                    accl += tl.sum(v, axis=0)
+            # RP CTAs per row each sum CPP chunks' partial logits of that row; the last to arrive
+            # sums the RP parts in order (deterministic, the same on every rank) and picks the
+            # row's top-k. One CTA per row reading all 192 chunks took 12-18 us at 8-16 rows.
+            RP: tl.constexpr = BLOCKS // RT
+            CPP: tl.constexpr = (NCH + RP - 1) // RP
+            rr = pid // RP
+            rp = _as(scratch, SC_RPART, tl.float32) + rr * (RP * EP2)
+            last_r = rr < 0
+            if rr < S:
+                cq = (pid % RP) * CPP + tl.arange(0, CPPP2)
+                v = tl.load(_as(scratch, SC_PLOG, tl.float32) + (cq[:, None] * S + rr) * EP2 + ecols[None, :],
+                            mask=((tl.arange(0, CPPP2) < CPP) & (cq < NCH))[:, None] & evalid[None, :], other=0.0)
+                tl.store(rp + (pid % RP) * EP2 + ecols, tl.sum(v, axis=0))
+                tl.debug_barrier()
+                last_r = tl.atomic_add(_as(scratch, SC_ROWCNT, tl.int32) + rr, 1, sem="acq_rel", scope="gpu") == RP - 1
+            if last_r:
+                accl = tl.sum(tl.load(rp + tl.arange(0, RP)[:, None] * EP2 + ecols[None, :], cache_modifier=".cg"),
+                              axis=0)
                 lg1 = accl * tl.sum(tl.where(rows == rr, rstd, 0.0), axis=0)
                 tl.store(_as(scratch, SC_LOGIT, tl.float32) + rr * E + ecols, lg1, mask=evalid)
                 sc1 = 1.0 / (1.0 + tl.exp(-lg1))
@@ -614,8 +623,8 @@ def ffn_kernel(
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
-                    acc_g = _mma(_wscaled(wg, sg, INTERP, F16S), xk, acc_g, INTERP)
-                    acc_u = _mma(_wscaled(wu, su, INTERP, F16S), xk, acc_u, INTERP)
+                    acc_g = _mma(_wscaled(wg, sg, INTERP, F16S, IS_HIP), xk, acc_g, INTERP)
+                    acc_u = _mma(_wscaled(wu, su, INTERP, F16S, IS_HIP), xk, acc_u, INTERP)
                 g = tl.sum(tl.reshape(acc_g, (BN, 2, SP)), axis=1) * (1.0 / SHIFT)
                 u = tl.sum(tl.reshape(acc_u, (BN, 2, SP)), axis=1) * (1.0 / SHIFT)
                 last = True
@@ -673,7 +682,7 @@ def ffn_kernel(
                     a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
                                 mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                     wq = tl.load(wbase + k0 + ki[None, :])
-                    yt = _mma(_wscaled(wq, tl.load(sbase + k0 // 128) * SHIFT, INTERP, F16S), a, yt, INTERP)
+                    yt = _mma(_wscaled(wq, tl.load(sbase + k0 // 128) * SHIFT, INTERP, F16S, IS_HIP), a, yt, INTERP)
                 tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt * (1.0 / SHIFT),
                          mask=rmask[None, :])
                 tl.debug_barrier()
@@ -756,6 +765,11 @@ STAGES = (1, 6, 2, 3, 4, 5, 7, 8)  # seam push/publish, seam wait+sum, router, t
 #                                    sum+reduce push/publish, reduce wait+out (+handshake publish), handshake wait+end
 NUM_STAGES_EXPERTS = 4  # software-pipeline depth of the two expert GEMM loops (bytes in flight per SM)
 NUM_STAGES_HIP = 2
+# The F16S path multiplies fp8 codes by (block scale x 2^SCALE_SHIFT) in fp16 so that small
+# scales stay normal; 448 x scale x 2^8 must stay below fp16's 65504: scales < 0.57
+# (TritonRunner.warm checks the weights it is given).
+SCALE_SHIFT = 8
+MAX_SCALE = 65504.0 / (448.0 * 2 ** SCALE_SHIFT)
 ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
              "w2", "s2", "scratch", "peers", "epoch", "inject", "cfg", "rank", "first_expert")
 
@@ -793,9 +807,13 @@ def geometry(key) -> dict:
     nt = i_r // bn if i_r else 1
     # split K of the stage-1 items while a width's items leave CTAs idle (one token: 96 items
     # of 393 KB at TP2), so every CTA streams weights; the parts must be whole scale blocks
+    # (the whole grid's rounds of items x each item's K steps plus ~3 steps of pipeline fill and
+    # fix-up, at the most slots this width can touch; ties go to fewer parts)
     ks = tune.get("KS", 0)
     if not ks:
-        ks = next((k for k in (4, 3, 2) if nslot * nt * k <= blocks and (H // 128) % k == 0), 1)
+        cost = {k: -(-nslot * nt * k // blocks) * ((H // 128) // k + 3) for k in (1, 2, 3, 4, 6)
+                if (H // 128) % k == 0}
+        ks = min(cost, key=lambda k: (cost[k], k))
     if (H // 128) % ks:
         raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
     rt = _p2(key.tokens)
@@ -806,8 +824,9 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= tune.get("RTOP", 8), NSL=nsl,
-                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), F16S=bool(tune.get("F16S", 0)),
-                SHIFT=float(2 ** tune.get("SHIFT", 8 if tune.get("F16S", 0) else 0)))
+                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), F16S=bool(tune.get("F16S", 1)),
+                SHIFT=float(2 ** tune.get("SHIFT", SCALE_SHIFT if tune.get("F16S", 1) else 0)),
+                CPPP2=_p2(-(-nch // max(1, blocks // rt))))
 
 
 def scratch_extra(key) -> list:
@@ -820,7 +839,8 @@ def scratch_extra(key) -> list:
            ("wtab", torch.float32, (key.blocks, g["EP2"], 16)),
            ("plog", torch.float32, (g["NCH"], S, g["EP2"])), ("ecta", torch.int32, (key.blocks, g["EP2"])),
            ("sub", torch.int64, (key.blocks, 16)), ("sync", torch.int32, (g["NSYNC"],)),
-           ("sel", torch.int32, (S, g["EP2"]))]
+           ("sel", torch.int32, (S, g["EP2"])), ("rowcnt", torch.int32, (16,)),
+           ("rpart", torch.float32, (S, key.blocks // g["RT"], g["EP2"]))]
     if g["NSLOT"]:
         out.append(("act", torch.float16, (g["NSLOT"], 16, g["I_R"])))
         out.append(("ypart", torch.float32, (g["NSLOT"], S, H)))
@@ -838,7 +858,8 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     sc = {"SC_FAULT": "fault", "SC_TL": "timeline", "SC_ROUTE": "route", "SC_ROUTEW": "route_w", "SC_H": "h",
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_META": "meta",
           "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
-          "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_SEL": "sel"}
+          "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
+          "SC_RPART": "rpart"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
         g["NS"] = NUM_STAGES_HIP

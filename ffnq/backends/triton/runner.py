@@ -116,6 +116,11 @@ class TritonRunner(Runner):
     def warm(self, weights, compute_units: int | None = None) -> None:
         from ffnq import residency
         m = self.model
+        for name in ("s13", "s2"):
+            t = getattr(weights, name, None)
+            if t is not None and t.numel() and float(t.abs().max()) >= K.MAX_SCALE:
+                raise UsageError(f"weights: a block scale of {name} is {float(t.abs().max()):.3g}; the Triton "
+                                 f"kernel's fp16 weight path allows scales below {K.MAX_SCALE:.3g}")
         for s in self.widths:
             t0 = time.perf_counter()
             part = torch.zeros(s, m.hidden, dtype=torch.bfloat16, device=self.device)
