@@ -12,19 +12,23 @@ step does, for one width S:
      -- grid barrier 1 --
   B  norm     every CTA: rstd per row from the per-chunk sums (fixed order: bitwise the same on
               every rank and CTA); x = h*rstd*post_norm for its chunk (fp16 hi + lo scratch);
-     router   logits of its EPC experts = rstd * the chunks' partials summed in chunk order.
+     router   rows <= 4: logits of its EPC experts = rstd * the chunks' partials summed in
+              chunk order; rows >= 5: BLOCKS/RT CTAs per row sum slices of that row's partials,
+              the last to arrive sums the slices in order and picks the row's top-k.
+              Clears the expert phases' counters.
      -- grid barrier 2 --
-  C  top-k    every CTA, redundantly, on a next_pow2(S)-row tile: sigmoid, biased top-k
-              (lowest index wins a tie), renormalised weights, the active-expert list; CTA 0
-              writes route/route_w.
-     experts  stage 1 work items (active expert j, BN-row tile of I_r), "swap AB": the gate/up
+  C  top-k    rows <= 4: every CTA, redundantly, on a next_pow2(S)-row tile: sigmoid, biased
+              top-k (lowest index wins a tie), renormalised weights; CTA 0 writes route/route_w.
+              Every CTA: the active-expert list.
+     experts  stage 1 work items (active expert j, BN-row tile of I_r, K part), "swap AB": the gate/up
               tiles of w13 times their block scale, rounded to fp16, are the A operand (M =
               weight rows), [x_hi | x_lo]^T the B operand (N = tokens), fp32 accumulate over
-              the whole K loop; act[j] = silu(g)*u*routing weight (fp16 scratch).
-     -- grid barrier 3 --
+              the item's K range (KS > 1: the last arriver of a tile sums the parts in order);
+              act[j] = silu(g)*u*routing weight (fp16 scratch); done1[j] += 1.
+     -- no barrier: a stage-2 item waits for done1[j] == I_R/BN --
   D  stage 2  work items (active expert j, BH-row tile of H): ypart[j]^T = (w2 tile * scale) @
-              act[j]^T (swap AB, fp16 operands), fp32 scratch.
-     -- grid barrier 4 --
+              act[j]^T (swap AB, fp16 operands), fp32 scratch; done2[tile] += 1.
+     -- no barrier: the sum of a chunk waits for done2 of its H tiles == n_active --
   E  sum      CTA c sums ypart over j in slot order for its column chunk (deterministic), the
               MoE partial of the chunk;
      reduce   push the chunk to every peer's moe slot, publish REDUCE flags, wait, sum in rank
@@ -139,6 +143,23 @@ def _wscaled(w, scale, INTERP: tl.constexpr, F16S: tl.constexpr, IS_HIP: tl.cons
                                           dtype=tl.float16, is_pure=True, pack=2)
     else:
         r = (w.to(tl.float32) * scale).to(tl.float16)
+    return r
+
+
+@triton.jit
+def _mma_sc(w, scale, x, acc, INTERP: tl.constexpr, F16S: tl.constexpr, IS_HIP: tl.constexpr,
+            SACC: tl.constexpr):
+    """acc + (w * scale) @ x for one K block (one scale). SACC: the fp8 codes go to the MMA
+    exactly (fp8 -> fp16, which Triton loads straight into the MMA's register layout) and the
+    scale multiplies the block's fp32 product; the price is a wait for each K block's MMA.
+    Otherwise the scale is folded into the A operand (_wscaled) and the MMA runs async."""
+    if SACC:
+        if INTERP:
+            r = acc + tl.dot(w.to(tl.float32), x.to(tl.float32)) * scale
+        else:
+            r = acc + tl.dot(w.to(tl.float16), x) * scale
+    else:
+        r = _mma(_wscaled(w, scale, INTERP, F16S, IS_HIP), x, acc, INTERP)
     return r
 
 
@@ -336,7 +357,7 @@ def ffn_kernel(
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
     SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr, F16S: tl.constexpr,
-    SHIFT: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
+    SHIFT: tl.constexpr, SACC: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr,
 ):
@@ -623,8 +644,8 @@ def ffn_kernel(
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
-                    acc_g = _mma(_wscaled(wg, sg, INTERP, F16S, IS_HIP), xk, acc_g, INTERP)
-                    acc_u = _mma(_wscaled(wu, su, INTERP, F16S, IS_HIP), xk, acc_u, INTERP)
+                    acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, F16S, IS_HIP, SACC)
+                    acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, F16S, IS_HIP, SACC)
                 g = tl.sum(tl.reshape(acc_g, (BN, 2, SP)), axis=1) * (1.0 / SHIFT)
                 u = tl.sum(tl.reshape(acc_u, (BN, 2, SP)), axis=1) * (1.0 / SHIFT)
                 last = True
@@ -682,7 +703,7 @@ def ffn_kernel(
                     a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
                                 mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                     wq = tl.load(wbase + k0 + ki[None, :])
-                    yt = _mma(_wscaled(wq, tl.load(sbase + k0 // 128) * SHIFT, INTERP, F16S, IS_HIP), a, yt, INTERP)
+                    yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, F16S, IS_HIP, SACC)
                 tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt * (1.0 / SHIFT),
                          mask=rmask[None, :])
                 tl.debug_barrier()
@@ -825,7 +846,8 @@ def geometry(key) -> dict:
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= tune.get("RTOP", 8), NSL=nsl,
                 NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), F16S=bool(tune.get("F16S", 1)),
-                SHIFT=float(2 ** tune.get("SHIFT", SCALE_SHIFT if tune.get("F16S", 1) else 0)),
+                SHIFT=float(2 ** tune.get("SHIFT", SCALE_SHIFT if tune.get("F16S", 1) and not tune.get("SACC", 0) else 0)),
+                SACC=bool(tune.get("SACC", 0)),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))))
 
 
