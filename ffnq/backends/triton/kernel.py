@@ -846,8 +846,8 @@ def geometry(key) -> dict:
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= tune.get("RTOP", 8), NSL=nsl,
                 NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), F16S=bool(tune.get("F16S", 1)),
-                SHIFT=float(2 ** tune.get("SHIFT", SCALE_SHIFT if tune.get("F16S", 1) and not tune.get("SACC", 0) else 0)),
-                SACC=bool(tune.get("SACC", 0)),
+                SHIFT=float(2 ** tune.get("SHIFT", SCALE_SHIFT if tune.get("F16S", 1) and not tune.get("SACC", 1) else 0)),
+                SACC=bool(tune.get("SACC", 1)),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))))
 
 
