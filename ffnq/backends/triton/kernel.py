@@ -21,12 +21,13 @@ step does, for one width S:
               top-k (lowest index wins a tie), renormalised weights; CTA 0 writes route/route_w.
               Every CTA: the active-expert list.
      experts  stage 1 work items (active expert j, BN-row tile of I_r, K part), "swap AB": the gate/up
-              tiles of w13 times their block scale, rounded to fp16, are the A operand (M =
-              weight rows), [x_hi | x_lo]^T the B operand (N = tokens), fp32 accumulate over
-              the item's K range (KS > 1: the last arriver of a tile sums the parts in order);
+              tiles of w13 (fp8 codes, exact in fp16) are the A operand (M = weight rows),
+              [x_hi | x_lo]^T the B operand (N = tokens); each K block's fp32 product times its
+              block scale is added to the accumulator over the item's K range (KS > 1: the
+              last arriver of a tile sums the parts in order);
               act[j] = silu(g)*u*routing weight (fp16 scratch); done1[j] += 1.
      -- no barrier: a stage-2 item waits for done1[j] == I_R/BN --
-  D  stage 2  work items (active expert j, BH-row tile of H): ypart[j]^T = (w2 tile * scale) @
+  D  stage 2  work items (active expert j, BH-row tile of H): ypart[j]^T = sum_k scale_k (w2 tile_k) @
               act[j]^T (swap AB, fp16 operands), fp32 scratch; done2[tile] += 1.
      -- no barrier: the sum of a chunk waits for done2 of its H tiles == n_active --
   E  sum      CTA c sums ypart over j in slot order for its column chunk (deterministic), the
@@ -786,11 +787,18 @@ STAGES = (1, 6, 2, 3, 4, 5, 7, 8)  # seam push/publish, seam wait+sum, router, t
 #                                    sum+reduce push/publish, reduce wait+out (+handshake publish), handshake wait+end
 NUM_STAGES_EXPERTS = 4  # software-pipeline depth of the two expert GEMM loops (bytes in flight per SM)
 NUM_STAGES_HIP = 2
-# The F16S path multiplies fp8 codes by (block scale x 2^SCALE_SHIFT) in fp16 so that small
-# scales stay normal; 448 x scale x 2^8 must stay below fp16's 65504: scales < 0.57
-# (TritonRunner.warm checks the weights it is given).
+# The F16S path (FFNQ_TRITON_TUNE="SACC=0") multiplies fp8 codes by (block scale x 2^SCALE_SHIFT)
+# in fp16 so that small scales stay normal; 448 x scale x 2^8 must stay below fp16's 65504:
+# scales < 0.57 (TritonRunner.warm checks the weights it is given when that path is built).
 SCALE_SHIFT = 8
 MAX_SCALE = 65504.0 / (448.0 * 2 ** SCALE_SHIFT)
+
+
+def max_scale() -> float | None:
+    """The largest block scale the built weight path takes (None: any; the default SACC path
+    multiplies the fp32 product of each K block by its scale)."""
+    tune = _tune()
+    return MAX_SCALE if tune.get("F16S", 1) and not tune.get("SACC", 1) else None
 ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
              "w2", "s2", "scratch", "peers", "epoch", "inject", "cfg", "rank", "first_expert")
 

@@ -116,11 +116,12 @@ class TritonRunner(Runner):
     def warm(self, weights, compute_units: int | None = None) -> None:
         from ffnq import residency
         m = self.model
-        for name in ("s13", "s2"):
+        limit = K.max_scale()
+        for name in ("s13", "s2") if limit else ():
             t = getattr(weights, name, None)
-            if t is not None and t.numel() and float(t.abs().max()) >= K.MAX_SCALE:
+            if t is not None and t.numel() and float(t.abs().max()) >= limit:
                 raise UsageError(f"weights: a block scale of {name} is {float(t.abs().max()):.3g}; the Triton "
-                                 f"kernel's fp16 weight path allows scales below {K.MAX_SCALE:.3g}")
+                                 f"kernel's fp16 weight path (SACC=0) allows scales below {limit:.3g}")
         for s in self.widths:
             t0 = time.perf_counter()
             part = torch.zeros(s, m.hidden, dtype=torch.bfloat16, device=self.device)
