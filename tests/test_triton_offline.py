@@ -60,6 +60,46 @@ def test_local_and_none_modes_compile():
         assert r["resident"]
 
 
+def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
+    """The host-side choices behind v12: one token's 96 stage-1 items of MiniMax-M2 at TP2 split
+    in two K parts on 256 CTAs (192 items, one round), four tokens' 384 in two (768 = three
+    full rounds, not 1.5); rows >= 5 pick their top-k one row per CTA group."""
+    from ffnq.backends.triton import kernel as K
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+    spec = load_model("minimax-m2")
+    geo = {s: K.geometry(offline.build_key(spec, 2, Experts.ALL, s)) for s in (1, 2, 4, 5, 16)}
+    assert [geo[s]["KS"] for s in (1, 2, 4, 16)] == [2, 1, 2, 1]
+    assert [geo[s]["ROWTOP"] for s in (1, 2, 4, 5, 16)] == [False, False, False, True, True]
+    assert all((3072 // 128) % g["KS"] == 0 for g in geo.values())
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=5")
+    with pytest.raises(ValueError, match="KS=5"):
+        K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))
+
+
+def test_scale_range_is_checked_only_for_the_fp16_scale_path(monkeypatch):
+    """SACC=0 folds the block scale into fp16 operands (x 2^8): warm refuses a scale that would
+    overflow there, naming the tensor and the limit; the default path takes any scale."""
+    import torch
+    from ffnq.backends.triton import kernel as K
+    from ffnq.errors import UsageError
+    from ffnq.weights import shard, synthetic
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a cpu runner; warm fails before any launch
+    spec = load_model("tiny")
+    w = shard(synthetic(spec, seed=3), spec, 1, 0, Experts.ALL)
+    w.s13 = w.s13 * 0 + 0.75  # 448 x 0.75 x 2^8 > 65504
+    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SACC=0")
+    assert K.max_scale() == pytest.approx(0.5711, abs=1e-4)
+    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[1], model=spec)
+    with pytest.raises(UsageError, match=r"s13 is 0.75.*below 0.571"):
+        r.warm(w)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
+    assert K.max_scale() is None
+    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[1], model=spec)
+    r.warm(w)  # the interpreter's warm records the width without compiling
+    assert r.describe(1)["grid"] == 256 and torch.isfinite(w.s13).all()
+
+
 def test_static_formulas():
     # sm_90: 255 regs x 128 threads -> 2 CTAs/SM; 64 regs -> 8 by registers (16 by threads)
     assert residency.occupancy_sm90(255, 0, 128)[0] == 2
