@@ -32,9 +32,10 @@ def test_table_rows(tables, target):
         assert r["grid"] == TritonRunner.blocks_for(r["width"]) == 256
         assert r["kernel"].startswith("ffn_tiny_s") and r["compile_s"] > 0
         assert r["ctas_per_cu"] >= 1 and r["resident"] is True
-        # at 255 registers ptxas spills a few words on sm_90 since v12 (8-32 B seen; v12 still
-        # beat v10 by 8-21% in the same bench); a real spill problem is kilobytes
-        assert r["spills"] <= 64
+        # at 255 registers ptxas spills a few words on sm_90 since v12: minimax-m2 0-8 B, this
+        # tiny build 72 B at s=16 with v13's scale-per-K-block path (8 B without it; H = 256 is
+        # two K steps, so its pipeline differs); a real spill problem is kilobytes
+        assert r["spills"] <= 128
         if target == "sm_90":
             assert 0 < r["regs"] <= 255
             assert "mma" in r["mma"]
