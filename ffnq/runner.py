@@ -155,6 +155,11 @@ class Runner:
         r = self._region(width, name)
         return view(self.scratch[width] if name in self.layouts[width] else self.own, r)
 
+    def chosen(self, width: int) -> torch.Tensor:
+        """The experts the kernel chose in its last step of this width, [s, k] int64 (-1 on a
+        padding row): what the checks follow on a near tie and compare with the oracle."""
+        return self.view(width, "route").long()
+
     def _region(self, width: int, name: str) -> Region:
         if width not in self.layouts:
             raise UsageError(f"width {width}: this runner has widths {list(self.widths)}")

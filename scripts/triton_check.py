@@ -28,7 +28,7 @@ def check_width(r, full, spec, w, s, dev, gen, experts, pad_rows=()):
     if dev.type == "cuda":
         torch.cuda.synchronize()
     # a near-tie row may pick either side: the oracle follows the kernel's admissible pick
-    ref = reference.step([part], resid, slots, full, spec, experts, follow=r.view(s, "route").long().cpu())
+    ref = reference.step([part], resid, slots, full, spec, experts, follow=r.chosen(s).cpu())
     keep = slots >= 0
     c = reference.compare(out.cpu(), ref.out, rows=torch.nonzero(keep).flatten() if keep.any() else None)
     cr = reference.compare(res.cpu(), ref.res_out)

@@ -67,11 +67,11 @@ def check(r, full, spec, w, s, seed, dev, experts, final=False):
     out, res = r(p, q, w, sl, final=final)
     torch.cuda.synchronize()
     ref = reference.step([p.to(dev) for p in parts], resid.to(dev), slots.to(dev), full, spec, experts,
-                         follow=r.view(s, "route").long())
+                         follow=r.chosen(s))
     keep = (slots >= 0).to(dev)
     c = reference.compare(out, ref.out, rows=torch.nonzero(keep).flatten())
     cr = reference.compare(res, ref.res_out)
-    route = r.view(s, "route").long()
+    route = r.chosen(s)
     route_ok = bool((route == ref.chosen).all())
     rw_err = float((r.view(s, "route_w").double() - ref.weights).abs().max())
     pad_zero = bool((out[~keep].float() == 0).all()) if (~keep).any() else True

@@ -21,7 +21,7 @@ def _check(job, runner, s, case, padding=0, final=False):
     parts, residual, slots = job.inputs(s, case, padding=padding)
     out, res_out = runner(parts[job.rank], residual, job.weights, slots, final=final)
     pad = slots[:s] < 0
-    route = runner.view(s, "route").long()
+    route = runner.chosen(s)
     ref = reference.step(parts, residual, slots, job.full, job.model, job.experts, follow=route)
     ok_rows = (route == ref.chosen).all(-1)
     return {
@@ -141,7 +141,7 @@ def soak_replay(rank, world, steps, result_dir):
                 parts, residual, slots = soak.job.inputs(s, SOAK_CASE, step, padding)
                 own = reference.step(parts, residual, slots, soak.job.full, soak.job.model, soak.job.experts,
                                      soak.cache)
-                route = soak.runners[ri].view(s, "route").long()
+                route = soak.runners[ri].chosen(s)
                 tied.append(bool((route != own.chosen).any()))
             barrier()  # the next step starts together, not while one rank still checks this one
         mismatches = [r["data"] for r in soak.rec.rows if r["table"] == "mismatch"]

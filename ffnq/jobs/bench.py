@@ -146,7 +146,7 @@ def run(job, opts: dict, rec: Records) -> None:
             want = ref_none if name == "none" else ref
             if name == "fused" and ref.near_tie.any():  # a near-tie row may pick either side
                 want = reference.step(parts, residual, slots, job.full, job.model, job.experts,
-                                      follow=rs[0].view(s, "route").long().to(residual.device))
+                                      follow=rs[0].chosen(s).to(residual.device))
             c = reference.compare(out, want.out)
             c2 = reference.compare(res_out, want.res_out)
             rel = max(c["rel_err"], c2["rel_err"])

@@ -77,7 +77,7 @@ class Qualify:
         ev = {"wall_ms": wall_ms, "fault": r.fault(s) or raised}
         if check and raised is None:
             # a near-tie row may pick either side: the oracle follows the kernel's admissible pick
-            route = r.view(s, "route").long().to(residual.device)
+            route = r.chosen(s).to(residual.device)
             ref = reference.step(parts, residual, slots, self.job.full, self.job.model, self.job.experts,
                                  follow=route)
             ev |= evidence(r, s, out, res_out, ref, slots)
@@ -275,7 +275,7 @@ def evidence(r, s, out, res_out, ref, slots) -> dict:
     c_out, c_res = reference.compare(out, ref.out), reference.compare(res_out, ref.res_out)
     pad = (slots[:s] < 0).to(out.device)
     pad_nonzero = int((out[pad] != 0).sum())
-    got = r.view(s, "route").long().cpu().sort(-1).values
+    got = r.chosen(s).cpu().sort(-1).values
     want = ref.chosen.cpu()
     bad_rows = ~(got == want).all(-1)
     tie = ref.near_tie.cpu()

@@ -144,7 +144,7 @@ class Soak:
         self.n["checked"] += 1
         # a near-tie row may pick either side: the oracle follows the kernel's pick there when it
         # is admissible, so that row's output is checked against the experts really used
-        route = r.view(s, "route").long().to(residual.device)
+        route = r.chosen(s).to(residual.device)
         ref = reference.step(parts, residual, slots, self.job.full, self.job.model, self.job.experts, self.cache,
                              follow=route)
         c, cr = reference.compare(out, ref.out), reference.compare(res_out, ref.res_out)

@@ -119,8 +119,9 @@ class TritonRunner(Runner):
         limit = K.max_scale()
         for name in ("s13", "s2") if limit else ():
             t = getattr(weights, name, None)
-            if t is not None and t.numel() and float(t.abs().max()) >= limit:
-                raise UsageError(f"weights: a block scale of {name} is {float(t.abs().max()):.3g}; the Triton "
+            big = float(t.abs().max()) if t is not None and t.numel() else 0.0
+            if big >= limit:
+                raise UsageError(f"weights: a block scale of {name} is {big:.3g}; the Triton "
                                  f"kernel's fp16 weight path (SACC=0) allows scales below {limit:.3g}")
         for s in self.widths:
             t0 = time.perf_counter()
