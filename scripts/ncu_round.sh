@@ -13,7 +13,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 T0=$(date +%s)
 for s in "$@"; do
   echo "=== ncu width $s at +$(( $(date +%s) - T0 ))s"
-  timeout -k 5 240 "$NCU" --clock-control none -k regex:ffn_kernel --launch-count 1 --import-source yes \
+  timeout -k 5 150 "$NCU" --clock-control none -k regex:ffn_kernel --launch-count 1 --import-source yes \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
     --section SourceCounters --section LaunchStats --section Occupancy \
     -f -o "$D/w$s" python3 scripts/triton_check.py --model minimax-m2 --widths "$s" 2>&1 | tail -n 5
