@@ -196,6 +196,25 @@ def _mma_sc(w, scale, x, acc, INTERP: tl.constexpr, IS_HIP: tl.constexpr, SACC: 
 
 
 @triton.jit
+def _mma8(w, scale, x, acc, INTERP: tl.constexpr):
+    """acc + (w @ x) * scale for one K block, fp8 codes times fp8 x terms (F8): both operands go
+    to the MMA from shared memory as loaded, with no conversion or register staging."""
+    if INTERP:
+        r = acc + tl.dot(w.to(tl.float32), x.to(tl.float32)) * scale
+    else:
+        r = acc + tl.dot(w, x) * scale
+    return r
+
+
+@triton.jit
+def _xsig(post_norm, H: tl.constexpr, HP2: tl.constexpr):
+    """max |post_norm|: with it |x| / xsig <= sqrt(H) (|h_i| * rstd <= sqrt(H)), in fp8 range."""
+    hh = tl.arange(0, HP2)
+    pm = tl.max(tl.abs(tl.load(post_norm + hh, mask=hh < H, other=0.0)), axis=0)
+    return tl.maximum(pm, 1e-30)
+
+
+@triton.jit
 def _mma(w, x, acc, INTERP: tl.constexpr):
     """acc + w [M,K] @ x [K,N] with the weights as the A operand ("swap AB": M = weight rows,
     N = the few tokens), fp32 accumulate."""
@@ -389,7 +408,7 @@ def ffn_kernel(
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
     SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
-    SHIFT: tl.constexpr, SACC: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
+    SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr,
 ):
@@ -461,6 +480,8 @@ def ffn_kernel(
         rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
                        mask=cmask[:, None] & evalid[None, :], other=0.0)
         pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
+        if F8:
+            xsig = _xsig(post_norm, H, HP2)
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
                     C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE)
         offs = rows[:, None] * H + ccols[None, :]
@@ -494,11 +515,22 @@ def ffn_kernel(
             hc = tl.load(hbase + offs, mask=m2, other=0.0)
             pn = tl.load(post_norm + ccols, mask=cmask, other=0.0)
             xc = hc * rstd[:, None] * pn[None, :]
-            # x as a pair of fp16 (hi + lo): fp16 MMAs with ~22 mantissa bits of activation
-            xh = xc.to(tl.float16)
-            xl = (xc - xh.to(tl.float32)).to(tl.float16)
-            tl.store(_as(scratch, SC_X, tl.float16) + offs, xh, mask=m2)
-            tl.store(_as(scratch, SC_X, tl.float16) + S * H + offs, xl, mask=m2)
+            if F8:
+                # x / xsig as four fp8 terms, each the rounding residue of the last times 16 (~16
+                # mantissa bits in all): stage 1 multiplies them with the fp8 weight codes as they are
+                if STAGE != 0:
+                    xsig = _xsig(post_norm, H, HP2)
+                xr = xc / xsig
+                for t in tl.static_range(4):
+                    xt = xr.to(tl.float8e4nv)
+                    tl.store(_as(scratch, SC_X, tl.float8e4nv) + t * S * H + offs, xt, mask=m2)
+                    xr = (xr - xt.to(tl.float32)) * 16.0
+            else:
+                # x as a pair of fp16 (hi + lo): fp16 MMAs with ~22 mantissa bits of activation
+                xh = xc.to(tl.float16)
+                xl = (xc - xh.to(tl.float32)).to(tl.float16)
+                tl.store(_as(scratch, SC_X, tl.float16) + offs, xh, mask=m2)
+                tl.store(_as(scratch, SC_X, tl.float16) + S * H + offs, xl, mask=m2)
         # the expert phases' counters, cleared here: every use is after barrier 2 (a stale or
         # poisoned value from an aborted launch cannot leak in)
         sq = pid * SEG + tl.arange(0, SEGP2)
@@ -589,14 +621,24 @@ def ffn_kernel(
             # items (slot j, BN-row tile t of I_r, K part ks), ks fastest; with KS > 1 the last
             # arriver of a (j, t) sums the parts in ks order (deterministic) and finishes the tile
             n_items = n_active * (NT * KS)
-            xb = _as(scratch, SC_X, tl.float16)
+            NX: tl.constexpr = 4 if F8 else 2  # x terms: fp8 x 4 or fp16 hi + lo
+            if F8:
+                xb = _as(scratch, SC_X, tl.float8e4nv)
+                if STAGE != 0:
+                    xsig = _xsig(post_norm, H, HP2)
+            else:
+                xb = _as(scratch, SC_X, tl.float16)
             act = _as(scratch, SC_ACT, tl.float16)
             gpart = _as(scratch, SC_GPART, tl.float32)
             nn = tl.arange(0, BN)
             kc2 = tl.arange(0, BK)
-            c2 = tl.arange(0, 2 * SP)
-            xo2 = (c2 // SP * S + c2 % SP)[None, :] * H + kc2[:, None]  # hi rows, then lo rows
+            c2 = tl.arange(0, NX * SP)
+            xo2 = (c2 // SP * S + c2 % SP)[None, :] * H + kc2[:, None]  # term 0 rows, then term 1 ...
             xm2 = ((c2 % SP) < S)[None, :]
+            if F8:
+                tw = tl.exp2((c2 // SP) * -4.0) * xsig  # term t counts 16^-t, x was divided by xsig
+            else:
+                tw = tl.full((NX * SP,), 1.0 / SHIFT, tl.float32)
             go = nn[:, None] * SP + rows[None, :]
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             while w < n_items:
@@ -613,18 +655,22 @@ def ffn_kernel(
                 r1 = t * BN + nn  # rows of w1 (gate); w3 (up) rows are I_R further
                 # transposed [weight rows, 2 x SP]: columns 0..15 take x_hi, 16..31 x_lo, one MMA per
                 # weight tile and K step (no wait between a hi and a lo MMA); halves summed at the end
-                acc_g = tl.zeros((BN, 2 * SP), tl.float32)
-                acc_u = tl.zeros((BN, 2 * SP), tl.float32)
+                acc_g = tl.zeros((BN, NX * SP), tl.float32)
+                acc_u = tl.zeros((BN, NX * SP), tl.float32)
                 for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
-                    xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # [x_hi | x_lo]^T tile [BK, 2*SP]
+                    xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
-                    acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
-                    acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
-                g = tl.sum(tl.reshape(acc_g, (BN, 2, SP)), axis=1) * (1.0 / SHIFT)
-                u = tl.sum(tl.reshape(acc_u, (BN, 2, SP)), axis=1) * (1.0 / SHIFT)
+                    if F8:
+                        acc_g = _mma8(wg, sg, xk, acc_g, INTERP)
+                        acc_u = _mma8(wu, su, xk, acc_u, INTERP)
+                    else:
+                        acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
+                        acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
+                g = tl.sum(tl.reshape(acc_g * tw[None, :], (BN, NX, SP)), axis=1)
+                u = tl.sum(tl.reshape(acc_u * tw[None, :], (BN, NX, SP)), axis=1)
                 last = True
                 if KS > 1:
                     gp = gpart + w.to(tl.int64) * (2 * BN * SP)
@@ -824,6 +870,8 @@ def geometry(key) -> dict:
         raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
     rt = _p2(key.tokens)
     sacc = bool(tune.get("SACC", 1))
+    f8 = bool(tune.get("F8", 0))
+    sacc = sacc or f8  # the fp8 path scales each K block's product
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -831,7 +879,7 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
-                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
+                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))))
 
 
