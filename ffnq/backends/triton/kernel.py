@@ -207,6 +207,18 @@ def _mma8(w, scale, x, acc, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _fp8(v, INTERP: tl.constexpr):
+    """fp32 -> fp8 e4m3, round to nearest, saturating. The interpreter (Triton 3.6) gets the
+    rounding wrong where it carries into the exponent (126.9 -> 64, -124.4 -> -64): there the
+    value is rounded to 3 mantissa bits by arithmetic first, so its conversion is exact."""
+    if INTERP:
+        e = tl.maximum(tl.floor(tl.log2(tl.abs(v))), -6.0)  # subnormals share 2^-6's spacing
+        step = tl.exp2(e - 3.0)
+        v = tl.minimum(tl.maximum(tl.floor(v / step + 0.5) * step, -448.0), 448.0)
+    return v.to(tl.float8e4nv)
+
+
+@triton.jit
 def _xsig(post_norm, H: tl.constexpr, HP2: tl.constexpr):
     """max |post_norm|: with it |x| / xsig <= sqrt(H) (|h_i| * rstd <= sqrt(H)), in fp8 range."""
     hh = tl.arange(0, HP2)
@@ -406,7 +418,7 @@ def ffn_kernel(
     SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
     SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
-    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
+    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_ASC: tl.constexpr, F8A: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
@@ -522,7 +534,7 @@ def ffn_kernel(
                     xsig = _xsig(post_norm, H, HP2)
                 xr = xc / xsig
                 for t in tl.static_range(4):
-                    xt = xr.to(tl.float8e4nv)
+                    xt = _fp8(xr, INTERP)
                     tl.store(_as(scratch, SC_X, tl.float8e4nv) + t * S * H + offs, xt, mask=m2)
                     xr = (xr - xt.to(tl.float32)) * 16.0
             else:
@@ -688,7 +700,20 @@ def ffn_kernel(
                 if last:
                     wt = tl.load(wtab + ej * SP + rows, mask=rmask, other=0.0)  # [SP]
                     a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
-                    tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
+                    if F8A:
+                        # act as four fp8 terms of a / (its max over this tile's rows / 256), per token:
+                        # stage 2 multiplies them with the w2 codes as they are, the scale on the product
+                        am = tl.max(tl.abs(a), axis=0)  # [SP]
+                        am = tl.where(am > 0, am, 1.0)
+                        tl.store(_as(scratch, SC_ASC, tl.float32) + (j * NT + t) * SP + rows, am * (1.0 / 256.0))
+                        ar = a * (256.0 / am)[None, :]
+                        a8 = _as(scratch, SC_ACT, tl.float8e4nv)
+                        for q in tl.static_range(4):
+                            aq = _fp8(ar, INTERP)
+                            tl.store(a8 + ((j * 4 + q) * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], aq)
+                            ar = (ar - aq.to(tl.float32)) * 16.0
+                    else:
+                        tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
                     tl.debug_barrier()
                     tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
                 w += BLOCKS
@@ -707,6 +732,14 @@ def ffn_kernel(
             ypart = _as(scratch, SC_YPART, tl.float32)
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
+            if F8A:
+                a8 = _as(scratch, SC_ACT, tl.float8e4nv)
+                asc = _as(scratch, SC_ASC, tl.float32)
+                kn = tl.arange(0, BN)
+                c4 = tl.arange(0, 4 * SP)
+                ao = c4[None, :].to(tl.int64) * I_R + kn[:, None]  # [BN, 4 x SP]: term-major, then token
+                am4 = ((c4 % SP) < S)[None, :]
+                tw4 = tl.exp2((c4 // SP) * -4.0)  # term q counts 16^-q
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
             w = pid
             if w < n1:
@@ -721,13 +754,24 @@ def ffn_kernel(
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
                 _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP)
-                yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                for k0 in tl.range(0, I_R, 128, num_stages=NS):
-                    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
-                                mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                    wq = tl.load(wbase + k0 + ki[None, :])
-                    yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-                tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt * (1.0 / SHIFT),
+                if F8A:
+                    # K steps of one stage-1 tile (BN): each has its own act scale per token
+                    yq = tl.zeros((BH, 4 * SP), tl.float32)
+                    for k0 in tl.range(0, I_R, BN, num_stages=NS):
+                        a = tl.load(a8 + ao + j * (4 * SP * I_R) + k0, mask=am4, other=0.0, cache_modifier=".cg")
+                        wq = tl.load(wbase + k0 + kn[None, :])
+                        cs = tl.load(asc + (j * NT + k0 // BN) * SP + c4 % SP, cache_modifier=".cg")
+                        yq = _mma8(wq, (cs * tw4 * tl.load(sbase + k0 // 128))[None, :], a, yq, INTERP)
+                    yt = tl.sum(tl.reshape(yq, (BH, 4, SP)), axis=1)
+                else:
+                    yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
+                    for k0 in tl.range(0, I_R, 128, num_stages=NS):
+                        a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
+                                    mask=rmask[None, :], other=0.0, cache_modifier=".cg")
+                        wq = tl.load(wbase + k0 + ki[None, :])
+                        yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                    yt = yt * (1.0 / SHIFT)
+                tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt,
                          mask=rmask[None, :])
                 tl.debug_barrier()
                 tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
@@ -871,7 +915,8 @@ def geometry(key) -> dict:
     rt = _p2(key.tokens)
     sacc = bool(tune.get("SACC", 1))
     f8 = bool(tune.get("F8", 0))
-    sacc = sacc or f8  # the fp8 path scales each K block's product
+    f8a = bool(tune.get("F8A", f8))  # stage 2 on fp8 act terms (with F8's stage 1 by default)
+    sacc = sacc or f8  # the fp8 stage 1 scales each K block's product
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -879,7 +924,7 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
-                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
+                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, F8A=f8a, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))))
 
 
@@ -896,7 +941,10 @@ def scratch_extra(key) -> list:
            ("sel", torch.int32, (S, g["EP2"])), ("rowcnt", torch.int32, (16,)),
            ("rpart", torch.float32, (S, key.blocks // g["RT"], g["EP2"]))]
     if g["NSLOT"]:
-        out.append(("act", torch.float16, (g["NSLOT"], 16, g["I_R"])))
+        # fp16 act, or (F8A) four fp8 terms per value and a scale per (slot, stage-1 tile, token)
+        out.append(("act", torch.float16, (g["NSLOT"], 2 if g["F8A"] else 1, 16, g["I_R"])))
+        if g["F8A"]:
+            out.append(("asc", torch.float32, (g["NSLOT"], g["I_R"] // g["BN"], 16)))
         out.append(("ypart", torch.float32, (g["NSLOT"], S, H)))
         if g["KS"] > 1:
             out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
@@ -912,7 +960,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     sc = {"SC_FAULT": "fault", "SC_TL": "timeline", "SC_ROUTE": "route", "SC_ROUTEW": "route_w", "SC_H": "h",
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_META": "meta",
           "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
-          "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
+          "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_ASC": "asc", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
           "SC_RPART": "rpart"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
