@@ -219,6 +219,18 @@ def _fp8(v, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(base, NBYTES: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+    """Ask for NBYTES at base to be pulled into L2, fire and forget (sm_90
+    cp.async.bulk.prefetch.L2, one slice per lane of a 128-thread CTA; no registers wait on it).
+    A no-op on CDNA and in the interpreter."""
+    if not IS_HIP and not INTERP:
+        p = base.to(tl.pointer_type(tl.int8), bitcast=True) + tl.arange(0, 128) * (NBYTES // 128)
+        n = tl.full([128], NBYTES // 128, tl.int32)
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r", [p, n],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _xsig(post_norm, H: tl.constexpr, HP2: tl.constexpr):
     """max |post_norm|: with it |x| / xsig <= sqrt(H) (|h_i| * rstd <= sqrt(H)), in fp8 range."""
     hh = tl.arange(0, HP2)
@@ -418,7 +430,7 @@ def ffn_kernel(
     SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
     SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
-    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_ASC: tl.constexpr, F8A: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
+    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_ASC: tl.constexpr, F8A: tl.constexpr, PF2: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
@@ -628,6 +640,19 @@ def ffn_kernel(
         tl.store(ecta + slot_of, ecols, mask=active > 0)
         tl.store(meta + pid, n_active)  # this CTA's own count (stage 2 and the sum read it back)
         tl.debug_barrier()
+        if PF2 & (MODE != 2):
+            # the w2 tile of this CTA's first stage-2 item starts streaming into L2 now, beside
+            # stage 1, so that item reads L2 once its expert's tiles are done
+            n1 = n_active * (NT * KS)
+            w = pid
+            if w < n1:
+                w += ((n1 - w + BLOCKS - 1) // BLOCKS) * BLOCKS
+            if w < n1 + n_active * NHT:
+                ej = tl.load(ecta + (w - n1) // NHT)
+                le = ej.to(tl.int64)
+                if MODE == 1:
+                    le = (ej - first_expert).to(tl.int64)
+                _prefetch_l2(w2 + le * (H * I_R) + ((w - n1) % NHT) * (BH * I_R), BH * I_R, IS_HIP, INTERP)
         _stamp(tl_row, C_ROUTER_DONE, IS_HIP, INTERP, TIMELINE)
         if MODE != 2:
             # items (slot j, BN-row tile t of I_r, K part ks), ks fastest; with KS > 1 the last
@@ -916,6 +941,7 @@ def geometry(key) -> dict:
     sacc = bool(tune.get("SACC", 1))
     f8 = bool(tune.get("F8", 0))
     f8a = bool(tune.get("F8A", f8))  # stage 2 on fp8 act terms (with F8's stage 1 by default)
+    pf2 = bool(tune.get("PF2", 0)) and i_r and (128 * i_r) % (16 * 128) == 0  # whole 16-byte units per lane
     sacc = sacc or f8  # the fp8 stage 1 scales each K block's product
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
@@ -924,7 +950,7 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
-                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, F8A=f8a, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
+                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, F8A=f8a, PF2=bool(pf2), HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))))
 
 
