@@ -77,6 +77,23 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
         K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))
 
 
+def test_fp8_stage_one_on_nvidia_only(monkeypatch):
+    """v14: stage 1 multiplies fp8 x terms with the fp8 weight codes on sm_90 (the scale on each K
+    block's product, so no scale limit); CDNA keeps the fp16 path (its fp8 MMA is the fnuz format)."""
+    from ffnq.backends.triton import kernel as K
+    from ffnq.spec import peer_layout, scratch_layout
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+    spec = load_model("minimax-m2")
+    key = offline.build_key(spec, 2, Experts.ALL, 4)
+    lay = scratch_layout(key, K.scratch_extra(key))  # the layouts of a launch, as offline builds them
+    peer = peer_layout(spec, 2, key.blocks)
+    cuda, hip = K.constexprs(key, lay, peer, False), K.constexprs(key, lay, peer, True)
+    assert cuda["F8"] and cuda["SACC"] and cuda["SHIFT"] == 1.0 and not hip["F8"] and hip["SACC"]
+    assert K.max_scale() is None
+    # x's scratch holds 4 fp8 terms or the fp16 pair in the same bytes
+    assert lay["x"].nbytes == 2 * 2 * 4 * spec.hidden
+
+
 def test_scale_range_is_checked_only_for_the_fp16_scale_path(monkeypatch):
     """SACC=0 folds the block scale into fp16 operands (x 2^8): warm refuses a scale that would
     overflow there, naming the tensor and the limit; the default path takes any scale."""
@@ -89,7 +106,7 @@ def test_scale_range_is_checked_only_for_the_fp16_scale_path(monkeypatch):
     w = shard(synthetic(spec, seed=3), spec, 1, 0, Experts.ALL)
     w.s13 = w.s13 * 0 + 0.75  # 448 x 0.75 x 2^8 > 65504
     pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SACC=0")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SACC=0,F8=0")
     assert K.max_scale() == pytest.approx(0.5711, abs=1e-4)
     r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[1], model=spec)
     with pytest.raises(UsageError, match=r"s13 is 0.75.*below 0.571"):

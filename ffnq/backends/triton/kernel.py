@@ -11,7 +11,8 @@ step does, for one width S:
               every expert (sum over the chunk of h*post_norm*router, fp32 FMA).
      -- grid barrier 1 --
   B  norm     every CTA: rstd per row from the per-chunk sums (fixed order: bitwise the same on
-              every rank and CTA); x = h*rstd*post_norm for its chunk (fp16 hi + lo scratch);
+              every rank and CTA); x = h*rstd*post_norm for its chunk, divided by max|post_norm|,
+              as four fp8 terms (each the rounding residue of the last x 16; fp16 hi + lo on CDNA);
      router   rows <= 4: logits of its EPC experts = rstd * the chunks' partials summed in
               chunk order; rows >= 5: BLOCKS/RT CTAs per row sum slices of that row's partials,
               the last to arrive sums the slices in order and picks the row's top-k.
@@ -21,8 +22,10 @@ step does, for one width S:
               top-k (lowest index wins a tie), renormalised weights; CTA 0 writes route/route_w.
               Every CTA: the active-expert list.
      experts  stage 1 work items (active expert j, BN-row tile of I_r, K part), "swap AB": the gate/up
-              tiles of w13 (fp8 codes, exact in fp16) are the A operand (M = weight rows),
-              [x_hi | x_lo]^T the B operand (N = tokens); each K block's fp32 product times its
+              tiles of w13 (fp8 codes as stored) are the A operand (M = weight rows), the x
+              terms^T the B operand (N = 4 terms x 16 tokens), an fp8 x fp8 wgmma with both
+              operands in shared memory (CDNA: fp8 -> fp16 codes, [x_hi | x_lo]^T); each K
+              block's fp32 product times its
               block scale is added to the accumulator over the item's K range (KS > 1: the
               last arriver of a tile sums the parts in order);
               act[j] = silu(g)*u*routing weight (fp16 scratch); done1[j] += 1.
@@ -216,18 +219,6 @@ def _fp8(v, INTERP: tl.constexpr):
         step = tl.exp2(e - 3.0)
         v = tl.minimum(tl.maximum(tl.floor(v / step + 0.5) * step, -448.0), 448.0)
     return v.to(tl.float8e4nv)
-
-
-@triton.jit
-def _prefetch_l2(base, NBYTES: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
-    """Ask for NBYTES at base to be pulled into L2, fire and forget (sm_90
-    cp.async.bulk.prefetch.L2, one slice per lane of a 128-thread CTA; no registers wait on it).
-    A no-op on CDNA and in the interpreter."""
-    if not IS_HIP and not INTERP:
-        p = base.to(tl.pointer_type(tl.int8), bitcast=True) + tl.arange(0, 128) * (NBYTES // 128)
-        n = tl.full([128], NBYTES // 128, tl.int32)
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r", [p, n],
-                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -430,7 +421,7 @@ def ffn_kernel(
     SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
     SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
-    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_ASC: tl.constexpr, F8A: tl.constexpr, PF2: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
+    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
@@ -640,19 +631,6 @@ def ffn_kernel(
         tl.store(ecta + slot_of, ecols, mask=active > 0)
         tl.store(meta + pid, n_active)  # this CTA's own count (stage 2 and the sum read it back)
         tl.debug_barrier()
-        if PF2 & (MODE != 2):
-            # the w2 tile of this CTA's first stage-2 item starts streaming into L2 now, beside
-            # stage 1, so that item reads L2 once its expert's tiles are done
-            n1 = n_active * (NT * KS)
-            w = pid
-            if w < n1:
-                w += ((n1 - w + BLOCKS - 1) // BLOCKS) * BLOCKS
-            if w < n1 + n_active * NHT:
-                ej = tl.load(ecta + (w - n1) // NHT)
-                le = ej.to(tl.int64)
-                if MODE == 1:
-                    le = (ej - first_expert).to(tl.int64)
-                _prefetch_l2(w2 + le * (H * I_R) + ((w - n1) % NHT) * (BH * I_R), BH * I_R, IS_HIP, INTERP)
         _stamp(tl_row, C_ROUTER_DONE, IS_HIP, INTERP, TIMELINE)
         if MODE != 2:
             # items (slot j, BN-row tile t of I_r, K part ks), ks fastest; with KS > 1 the last
@@ -725,20 +703,7 @@ def ffn_kernel(
                 if last:
                     wt = tl.load(wtab + ej * SP + rows, mask=rmask, other=0.0)  # [SP]
                     a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
-                    if F8A:
-                        # act as four fp8 terms of a / (its max over this tile's rows / 256), per token:
-                        # stage 2 multiplies them with the w2 codes as they are, the scale on the product
-                        am = tl.max(tl.abs(a), axis=0)  # [SP]
-                        am = tl.where(am > 0, am, 1.0)
-                        tl.store(_as(scratch, SC_ASC, tl.float32) + (j * NT + t) * SP + rows, am * (1.0 / 256.0))
-                        ar = a * (256.0 / am)[None, :]
-                        a8 = _as(scratch, SC_ACT, tl.float8e4nv)
-                        for q in tl.static_range(4):
-                            aq = _fp8(ar, INTERP)
-                            tl.store(a8 + ((j * 4 + q) * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], aq)
-                            ar = (ar - aq.to(tl.float32)) * 16.0
-                    else:
-                        tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
+                    tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
                     tl.debug_barrier()
                     tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
                 w += BLOCKS
@@ -757,14 +722,6 @@ def ffn_kernel(
             ypart = _as(scratch, SC_YPART, tl.float32)
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
-            if F8A:
-                a8 = _as(scratch, SC_ACT, tl.float8e4nv)
-                asc = _as(scratch, SC_ASC, tl.float32)
-                kn = tl.arange(0, BN)
-                c4 = tl.arange(0, 4 * SP)
-                ao = c4[None, :].to(tl.int64) * I_R + kn[:, None]  # [BN, 4 x SP]: term-major, then token
-                am4 = ((c4 % SP) < S)[None, :]
-                tw4 = tl.exp2((c4 // SP) * -4.0)  # term q counts 16^-q
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
             w = pid
             if w < n1:
@@ -779,24 +736,13 @@ def ffn_kernel(
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
                 _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP)
-                if F8A:
-                    # K steps of one stage-1 tile (BN): each has its own act scale per token
-                    yq = tl.zeros((BH, 4 * SP), tl.float32)
-                    for k0 in tl.range(0, I_R, BN, num_stages=NS):
-                        a = tl.load(a8 + ao + j * (4 * SP * I_R) + k0, mask=am4, other=0.0, cache_modifier=".cg")
-                        wq = tl.load(wbase + k0 + kn[None, :])
-                        cs = tl.load(asc + (j * NT + k0 // BN) * SP + c4 % SP, cache_modifier=".cg")
-                        yq = _mma8(wq, (cs * tw4 * tl.load(sbase + k0 // 128))[None, :], a, yq, INTERP)
-                    yt = tl.sum(tl.reshape(yq, (BH, 4, SP)), axis=1)
-                else:
-                    yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                    for k0 in tl.range(0, I_R, 128, num_stages=NS):
-                        a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
-                                    mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                        wq = tl.load(wbase + k0 + ki[None, :])
-                        yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-                    yt = yt * (1.0 / SHIFT)
-                tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt,
+                yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
+                for k0 in tl.range(0, I_R, 128, num_stages=NS):
+                    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
+                                mask=rmask[None, :], other=0.0, cache_modifier=".cg")
+                    wq = tl.load(wbase + k0 + ki[None, :])
+                    yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt * (1.0 / SHIFT),
                          mask=rmask[None, :])
                 tl.debug_barrier()
                 tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
@@ -890,7 +836,8 @@ MAX_SCALE = 65504.0 / (448.0 * 2 ** SCALE_SHIFT)
 def max_scale() -> float | None:
     """The largest block scale the built weight path takes (None: any; the default SACC path
     multiplies the fp32 product of each K block by its scale)."""
-    return None if _tune().get("SACC", 1) else MAX_SCALE
+    t = _tune()
+    return None if t.get("SACC", 1) or t.get("F8", 1) else MAX_SCALE
 ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
              "w2", "s2", "scratch", "peers", "epoch", "inject", "cfg", "rank", "first_expert")
 
@@ -939,10 +886,8 @@ def geometry(key) -> dict:
         raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
     rt = _p2(key.tokens)
     sacc = bool(tune.get("SACC", 1))
-    f8 = bool(tune.get("F8", 0))
-    f8a = bool(tune.get("F8A", f8))  # stage 2 on fp8 act terms (with F8's stage 1 by default)
-    pf2 = bool(tune.get("PF2", 0)) and i_r and (128 * i_r) % (16 * 128) == 0  # whole 16-byte units per lane
-    sacc = sacc or f8  # the fp8 stage 1 scales each K block's product
+    f8 = bool(tune.get("F8", 1))
+    sacc = sacc or f8  # the fp8 path scales each K block's product
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -950,7 +895,7 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
-                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, F8A=f8a, PF2=bool(pf2), HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
+                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))))
 
 
@@ -967,10 +912,7 @@ def scratch_extra(key) -> list:
            ("sel", torch.int32, (S, g["EP2"])), ("rowcnt", torch.int32, (16,)),
            ("rpart", torch.float32, (S, key.blocks // g["RT"], g["EP2"]))]
     if g["NSLOT"]:
-        # fp16 act, or (F8A) four fp8 terms per value and a scale per (slot, stage-1 tile, token)
-        out.append(("act", torch.float16, (g["NSLOT"], 2 if g["F8A"] else 1, 16, g["I_R"])))
-        if g["F8A"]:
-            out.append(("asc", torch.float32, (g["NSLOT"], g["I_R"] // g["BN"], 16)))
+        out.append(("act", torch.float16, (g["NSLOT"], 16, g["I_R"])))
         out.append(("ypart", torch.float32, (g["NSLOT"], S, H)))
         if g["KS"] > 1:
             out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
@@ -986,11 +928,14 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     sc = {"SC_FAULT": "fault", "SC_TL": "timeline", "SC_ROUTE": "route", "SC_ROUTEW": "route_w", "SC_H": "h",
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_META": "meta",
           "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
-          "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_ASC": "asc", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
+          "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
           "SC_RPART": "rpart"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
         g["NS"] = NUM_STAGES_HIP
+        # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
+        # weights: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
+        g["F8"] = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
              IS_HIP=bool(is_hip), INTERP=bool(interp), STAGE=int(stage), FINAL=bool(final))
