@@ -2,7 +2,8 @@
 # Nsight Compute on one launch of the fused kernel at TP1 (one GPU, so no peer waits under the
 # profiler's replay): memory throughput, warp states and the per-instruction stall samples, to
 # see where a CTA's time goes inside a phase. scripts/ncu_round.sh WIDTH... (minimax-m2, Experts
-# ALL) -> $OUT/ncu.tgz: per width the details page and the SASS table with its source lines.
+# ALL) -> $OUT/ncu.tgz: per width the details page, the SASS table with its source lines and its
+# summary (scripts/ncu_summary.py: stall mix overall and per loop body, hottest instructions).
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -20,6 +21,7 @@ for s in "$@"; do
   "$NCU" -i "$D/w$s.ncu-rep" --page details > "$D/w$s-details.txt" 2>&1
   "$NCU" -i "$D/w$s.ncu-rep" --page source --csv --print-source sass > "$D/w$s-sass.csv" 2>&1
   "$NCU" -i "$D/w$s.ncu-rep" --page source --csv --print-source cuda > "$D/w$s-src.csv" 2>&1
+  python3 scripts/ncu_summary.py "$D/w$s-sass.csv" > "$D/w$s-stalls.txt" 2>&1 && head -n 4 "$D/w$s-stalls.txt"
   ls -la "$D" | tail -n 4
 done
 rm -f "$D"/*.ncu-rep
