@@ -495,7 +495,7 @@ def ffn_kernel(
         rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
                        mask=cmask[:, None] & evalid[None, :], other=0.0)
         pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
-        if F8:
+        if F8:  # x's range for its fp8 terms (phase B, stage 1), read before the link's wait too
             xsig = _xsig(post_norm, H, HP2)
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
                     C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE)
@@ -668,8 +668,8 @@ def ffn_kernel(
                 wbase = w13 + le * (2 * I_R * H) + kb
                 sbase = s13 + le * ((2 * I_R // 128) * (H // 128)) + kb // 128
                 r1 = t * BN + nn  # rows of w1 (gate); w3 (up) rows are I_R further
-                # transposed [weight rows, 2 x SP]: columns 0..15 take x_hi, 16..31 x_lo, one MMA per
-                # weight tile and K step (no wait between a hi and a lo MMA); halves summed at the end
+                # transposed [weight rows, NX x SP]: columns 16t..16t+15 take x term t (fp8: 4 terms;
+                # fp16: hi, lo), one MMA per weight tile and K step; the terms summed at the end
                 acc_g = tl.zeros((BN, NX * SP), tl.float32)
                 acc_u = tl.zeros((BN, NX * SP), tl.float32)
                 for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
@@ -834,8 +834,8 @@ MAX_SCALE = 65504.0 / (448.0 * 2 ** SCALE_SHIFT)
 
 
 def max_scale() -> float | None:
-    """The largest block scale the built weight path takes (None: any; the default SACC path
-    multiplies the fp32 product of each K block by its scale)."""
+    """The largest block scale the built weight path takes (None: any; the default paths, fp8
+    (F8) and SACC, multiply the fp32 product of each K block by its scale)."""
     t = _tune()
     return None if t.get("SACC", 1) or t.get("F8", 1) else MAX_SCALE
 ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
@@ -886,7 +886,8 @@ def geometry(key) -> dict:
         raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
     rt = _p2(key.tokens)
     sacc = bool(tune.get("SACC", 1))
-    f8 = bool(tune.get("F8", 1))
+    # fp8 x terms need |x| / max|post_norm| <= sqrt(H) inside e4m3's 448 (H <= 200704)
+    f8 = bool(tune.get("F8", 1)) and H <= 448 ** 2
     sacc = sacc or f8  # the fp8 path scales each K block's product
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
