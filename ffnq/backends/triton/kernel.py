@@ -935,7 +935,8 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
         g["NS"] = NUM_STAGES_HIP
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
-        # weights: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
+        # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
+        # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
         g["F8"] = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
