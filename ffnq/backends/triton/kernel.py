@@ -185,27 +185,17 @@ def _store_route(scratch, rows, pad, sel, w, ecols, SC_ROUTE: tl.constexpr, SC_R
 @triton.jit
 def _mma_sc(w, scale, x, acc, INTERP: tl.constexpr, IS_HIP: tl.constexpr, SACC: tl.constexpr):
     """acc + (w * scale) @ x for one K block (one scale). SACC: the fp8 codes go to the MMA
-    exactly (fp8 -> fp16, which Triton loads straight into the MMA's register layout) and the
-    scale multiplies the block's fp32 product; the price is a wait for each K block's MMA.
+    exactly, in x's type: fp8 x terms (F8) take them as stored, both operands from shared memory;
+    fp16 x takes them as fp16 (which Triton loads straight into the MMA's register layout); the
+    scale multiplies the block's fp32 product, at the price of a wait for each K block's MMA.
     Otherwise the scale is folded into the A operand (_wscaled) and the MMA runs async."""
     if SACC:
         if INTERP:
             r = acc + tl.dot(w.to(tl.float32), x.to(tl.float32)) * scale
         else:
-            r = acc + tl.dot(w.to(tl.float16), x) * scale
+            r = acc + tl.dot(w.to(x.dtype), x) * scale
     else:
         r = _mma(_wscaled(w, scale, INTERP, IS_HIP), x, acc, INTERP)
-    return r
-
-
-@triton.jit
-def _mma8(w, scale, x, acc, INTERP: tl.constexpr):
-    """acc + (w @ x) * scale for one K block, fp8 codes times fp8 x terms (F8): both operands go
-    to the MMA from shared memory as loaded, with no conversion or register staging."""
-    if INTERP:
-        r = acc + tl.dot(w.to(tl.float32), x.to(tl.float32)) * scale
-    else:
-        r = acc + tl.dot(w, x) * scale
     return r
 
 
@@ -464,6 +454,9 @@ def ffn_kernel(
     evalid = ecols < E
     mine = _peer_base(peers, rank)
 
+    if F8 & ((STAGE == 2) | (STAGE == 3)):  # a staged launch of phase B or stage 1: x's range here
+        xsig = _xsig(post_norm, H, HP2)
+
     # ------------------------------------------------------------------------------ A: seam
     if (STAGE == 0) | (STAGE == 1):
         _stamp(tl_row, C_START, IS_HIP, INTERP, TIMELINE)
@@ -495,7 +488,7 @@ def ffn_kernel(
         rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
                        mask=cmask[:, None] & evalid[None, :], other=0.0)
         pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
-        if F8:  # x's range for its fp8 terms (phase B, stage 1), read before the link's wait too
+        if F8 & (STAGE == 0):  # x's range for its fp8 terms (phase B, stage 1), read before the link's wait too
             xsig = _xsig(post_norm, H, HP2)
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
                     C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE)
@@ -533,8 +526,6 @@ def ffn_kernel(
             if F8:
                 # x / xsig as four fp8 terms, each the rounding residue of the last times 16 (~16
                 # mantissa bits in all): stage 1 multiplies them with the fp8 weight codes as they are
-                if STAGE != 0:
-                    xsig = _xsig(post_norm, H, HP2)
                 xr = xc / xsig
                 for t in tl.static_range(4):
                     xt = _fp8(xr, INTERP)
@@ -637,23 +628,19 @@ def ffn_kernel(
             # arriver of a (j, t) sums the parts in ks order (deterministic) and finishes the tile
             n_items = n_active * (NT * KS)
             NX: tl.constexpr = 4 if F8 else 2  # x terms: fp8 x 4 or fp16 hi + lo
+            c2 = tl.arange(0, NX * SP)
             if F8:
                 xb = _as(scratch, SC_X, tl.float8e4nv)
-                if STAGE != 0:
-                    xsig = _xsig(post_norm, H, HP2)
+                tw = tl.exp2((c2 // SP) * -4.0) * xsig  # term t counts 16^-t, x was divided by xsig
             else:
                 xb = _as(scratch, SC_X, tl.float16)
+                tw = tl.full((NX * SP,), 1.0 / SHIFT, tl.float32)
             act = _as(scratch, SC_ACT, tl.float16)
             gpart = _as(scratch, SC_GPART, tl.float32)
             nn = tl.arange(0, BN)
             kc2 = tl.arange(0, BK)
-            c2 = tl.arange(0, NX * SP)
             xo2 = (c2 // SP * S + c2 % SP)[None, :] * H + kc2[:, None]  # term 0 rows, then term 1 ...
             xm2 = ((c2 % SP) < S)[None, :]
-            if F8:
-                tw = tl.exp2((c2 // SP) * -4.0) * xsig  # term t counts 16^-t, x was divided by xsig
-            else:
-                tw = tl.full((NX * SP,), 1.0 / SHIFT, tl.float32)
             go = nn[:, None] * SP + rows[None, :]
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             while w < n_items:
@@ -678,12 +665,8 @@ def ffn_kernel(
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
-                    if F8:
-                        acc_g = _mma8(wg, sg, xk, acc_g, INTERP)
-                        acc_u = _mma8(wu, su, xk, acc_u, INTERP)
-                    else:
-                        acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
-                        acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
+                    acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
+                    acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
                 g = tl.sum(tl.reshape(acc_g * tw[None, :], (BN, NX, SP)), axis=1)
                 u = tl.sum(tl.reshape(acc_u * tw[None, :], (BN, NX, SP)), axis=1)
                 last = True
@@ -885,10 +868,12 @@ def geometry(key) -> dict:
     if (H // 128) % ks:
         raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
     rt = _p2(key.tokens)
-    sacc = bool(tune.get("SACC", 1))
-    # fp8 x terms need |x| / max|post_norm| <= sqrt(H) inside e4m3's 448 (H <= 200704)
-    f8 = bool(tune.get("F8", 1)) and H <= 448 ** 2
-    sacc = sacc or f8  # the fp8 path scales each K block's product
+    # fp8 x terms need |x| / max|post_norm| <= sqrt(H) inside e4m3's 448 (H <= 200704); asking
+    # for them (the default) also asks for the scale on each K block's product, which a larger H
+    # keeps on the fp16 path: the same rule as max_scale()
+    f8 = bool(tune.get("F8", 1))
+    sacc = bool(tune.get("SACC", 1)) or f8
+    f8 = f8 and H <= 448 ** 2
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
