@@ -297,7 +297,7 @@ def _publish(peers, pid, rank, val, PHASE: tl.constexpr, P_FLAGS: tl.constexpr, 
 @triton.jit
 def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.constexpr, P_FLAGS: tl.constexpr,
                 P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr,
-                IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr):
+                IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr):
     """Wait for flags[PHASE][pid][src] == e for every src on this rank's buffer, bounded.
     Skipped (one look only) once the rank has faulted in this launch."""
     mine = _peer_base(peers, rank)
@@ -314,13 +314,17 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.conste
         v = _poll(f, "acquire")
         done = (v == e) | (v == -e)
         t = t0
+        n = 0
         while not done:
             _backoff(IS_HIP, INTERP)
             v = _poll(f, "relaxed")
-            t = now_u(IS_HIP, INTERP)
-            done = (v == e) | (v == -e) | (t > deadline)
-            if not done:
-                done = _rank_faulted(fault, e)
+            done = (v == e) | (v == -e)
+            n += 1
+            if n % CHK == 0:  # the clock and the fault marker cost a CTA barrier and an L2 round trip
+                t = now_u(IS_HIP, INTERP)
+                done = done | (t > deadline)
+                if not done:
+                    done = _rank_faulted(fault, e)
         v = _poll(f, "acquire")
         _stamp(tl_row, SEEN0 + src, IS_HIP, INTERP, TIMELINE)
         if v != e:
@@ -347,32 +351,58 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.conste
 
 @triton.jit
 def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, BLOCKS: tl.constexpr,
-                  IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr):
-    """Sense-free generation barrier over the co-resident grid: words[1] counts arrivals,
-    words[2] is the generation. Always passed, even after a fault (bounded as a last resort)."""
+                  IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr, CHK: tl.constexpr,
+                  BAR: tl.constexpr):
+    """Barrier over the co-resident grid, always passed, even after a fault (bounded as a last
+    resort). BAR: words[1] only grows within a launch (the last CTA out clears it), barrier b of
+    the launch is passed when it reaches (b + 1) x BLOCKS: one arrival atomic per CTA and polls of
+    the same word. Else a generation barrier: words[1] counts arrivals, the last arriver resets
+    it and bumps the generation words[2], on which the others spin."""
     if STAGE == 0:
         tl.debug_barrier()
-        g0 = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
-        old = tl.atomic_add(words + 1, 1, sem="acq_rel", scope="gpu")
-        if old == BLOCKS - 1:
-            tl.atomic_xchg(words + 1, 0, sem="relaxed", scope="gpu")
-            tl.atomic_add(words + 2, 1, sem="release", scope="gpu")
+        if BAR:
+            old = tl.atomic_add(words + 1, 1, sem="acq_rel", scope="gpu")
+            target = (old // BLOCKS + 1) * BLOCKS
+            g = old + 1
+            if g < target:
+                t0 = now_u(IS_HIP, INTERP)
+                deadline = t0 + 4 * timeout_ns
+                t = t0
+                n = 0
+                while (g < target) & (t <= deadline):
+                    _backoff(IS_HIP, INTERP)
+                    g = tl.atomic_add(words + 1, 0, sem="acquire", scope="gpu")
+                    n += 1
+                    if n % CHK == 0:
+                        t = now_u(IS_HIP, INTERP)
+                if g < target:
+                    _record_fault(fault, words, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
         else:
-            t0 = now_u(IS_HIP, INTERP)
-            deadline = t0 + 4 * timeout_ns
-            g = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
-            t = t0
-            while (g == g0) & (t <= deadline):
-                _backoff(IS_HIP, INTERP)
+            g0 = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
+            old = tl.atomic_add(words + 1, 1, sem="acq_rel", scope="gpu")
+            if old == BLOCKS - 1:
+                tl.atomic_xchg(words + 1, 0, sem="relaxed", scope="gpu")
+                tl.atomic_add(words + 2, 1, sem="release", scope="gpu")
+            else:
+                t0 = now_u(IS_HIP, INTERP)
+                deadline = t0 + 4 * timeout_ns
                 g = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
-                t = now_u(IS_HIP, INTERP)
-            if g == g0:
-                _record_fault(fault, words, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
+                t = t0
+                n = 0
+                while (g == g0) & (t <= deadline):
+                    _backoff(IS_HIP, INTERP)
+                    g = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
+                    n += 1
+                    if n % CHK == 0:
+                        t = now_u(IS_HIP, INTERP)
+                if g == g0:
+                    _record_fault(fault, words, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
         tl.debug_barrier()
 
 
 @triton.jit
-def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
+                CHK: tl.constexpr):
     """Wait until the GPU-local counter *ptr reaches target (work of other CTAs of this launch:
     it always arrives, so the bound, 4x timeout like a grid barrier, is a last resort)."""
     v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
@@ -382,10 +412,13 @@ def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constex
         if INTERP:  # no clock there; the staged launches finish every count before its use
             deadline = t0 - 1
         t = t0
+        n = 0
         while (v < target) & (t <= deadline):
             _backoff(IS_HIP, INTERP)
             v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-            t = now_u(IS_HIP, INTERP)
+            n += 1
+            if n % CHK == 0:
+                t = now_u(IS_HIP, INTERP)
         if v < target:
             _record_fault(fault, fault, e, PH_REDUCE, rank, 0, t - t0, pid, t, 0, 1, False)
     tl.debug_barrier()
@@ -415,7 +448,7 @@ def ffn_kernel(
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
-    FINAL: tl.constexpr,
+    FINAL: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -434,6 +467,11 @@ def ffn_kernel(
     C_HS_DONE: tl.constexpr = 8 + 3 * TP
     C_END: tl.constexpr = 9 + 3 * TP
 
+    if PDL:
+        # launched early beside the previous kernel (programmatic dependent launch): wait for it
+        # to finish and flush before reading anything, then let the next launch get ready
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     timeout_ns = tl.load(cfg)
     fault = _as(scratch, SC_FAULT, tl.int64)
@@ -491,7 +529,7 @@ def ffn_kernel(
         if F8 & (STAGE == 0):  # x's range for its fp8 terms (phase B, stage 1), read before the link's wait too
             xsig = _xsig(post_norm, H, HP2)
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
-                    C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE)
+                    C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
         offs = rows[:, None] * H + ccols[None, :]
         h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)
         for src in tl.static_range(TP):  # rank order: every rank sums the same values the same way
@@ -507,7 +545,7 @@ def ffn_kernel(
             tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + rows[:, None]) * EP2 + ecols[None, :], pl,
                      mask=rmask[:, None] & evalid[None, :])
         _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE)
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, BAR)
 
     # ------------------------------------------------------------------------------ B: norm + router logits
     if (STAGE == 0) | (STAGE == 2):
@@ -585,7 +623,7 @@ def ffn_kernel(
             tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecol[None, :], lg,
                      mask=rmask_r[:, None] & emask[None, :])
         _stamp(sub_row, 1, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE)
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, BAR)
 
     # ------------------------------------------------------------------------------ C: top-k + experts stage 1
     sync = _as(scratch, SC_SYNC, tl.int32)  # [NSL] stage-1 tiles done per slot, [NHT] stage-2 items done per H tile, [NSL*NT] split-K arrivals
@@ -718,7 +756,7 @@ def ffn_kernel(
                     le = (ej - first_expert).to(tl.int64)
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
-                _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP)
+                _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                 yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
                 for k0 in tl.range(0, I_R, 128, num_stages=NS):
                     a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
@@ -743,9 +781,9 @@ def ffn_kernel(
                 n_act = tl.load(meta + pid)
                 t_lo = (pid * CH) // BH
                 t_hi = (pid * CH + CH - 1) // BH  # a chunk spans at most two H tiles (CH <= BH)
-                _wait_count(sync + NSL + t_lo, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP)
+                _wait_count(sync + NSL + t_lo, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                 if t_hi != t_lo:
-                    _wait_count(sync + NSL + t_hi, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP)
+                    _wait_count(sync + NSL + t_hi, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                 _stamp(sub_row, 7, IS_HIP, INTERP, TIMELINE)
                 ypart = _as(scratch, SC_YPART, tl.float32)
                 jj = tl.arange(0, JB)
@@ -768,7 +806,7 @@ def ffn_kernel(
         _stamp(tl_row, C_RED_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 7):
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_REDUCE, P_FLAGS, P_FBOX, TP, BLOCKS,
-                    C_RED_SEEN, IS_HIP, INTERP, TIMELINE)
+                    C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
         offs = rows[:, None] * H + ccols[None, :]
         o = tl.zeros((SP, CHP2), tl.float32)
         for src in tl.static_range(TP):
@@ -785,7 +823,7 @@ def ffn_kernel(
     if (STAGE == 0) | (STAGE == 8):
         if FINAL:
             _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_HANDSHAKE, P_FLAGS, P_FBOX, TP,
-                        BLOCKS, C_HS_SEEN, IS_HIP, INTERP, TIMELINE)
+                        BLOCKS, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
             _stamp(tl_row, C_HS_DONE, IS_HIP, INTERP, TIMELINE)
         _stamp(tl_row, C_END, IS_HIP, INTERP, TIMELINE)
         # last CTA out moves the epoch on (also after a fault)
@@ -793,6 +831,8 @@ def ffn_kernel(
         n_out = tl.atomic_add(words + 3, 1, sem="acq_rel", scope="gpu")
         if n_out == BLOCKS - 1:
             tl.atomic_xchg(words + 3, 0, sem="relaxed", scope="gpu")
+            if BAR:
+                tl.atomic_xchg(words + 1, 0, sem="relaxed", scope="gpu")
             tl.atomic_xchg(words, e, sem="release", scope="sys")
 
 
@@ -874,6 +914,9 @@ def geometry(key) -> dict:
     f8 = bool(tune.get("F8", 1))
     sacc = bool(tune.get("SACC", 1)) or f8
     f8 = f8 and H <= 448 ** 2
+    # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
+    # programmatic dependent launch (sm_90)
+    extra = dict(CHK=tune.get("CHK", 1), BAR=bool(tune.get("BAR", 0)), PDL=bool(tune.get("PDL", 0)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -882,7 +925,7 @@ def geometry(key) -> dict:
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
                 NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
-                CPPP2=_p2(-(-nch // max(1, blocks // rt))))
+                CPPP2=_p2(-(-nch // max(1, blocks // rt))), **extra)
 
 
 def scratch_extra(key) -> list:
@@ -923,10 +966,17 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
         g["F8"] = False
+        g["PDL"] = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
              IS_HIP=bool(is_hip), INTERP=bool(interp), STAGE=int(stage), FINAL=bool(final))
     return g
+
+
+def launch_options(cx: dict) -> dict:
+    """The launch options of a build with constexprs ``cx`` (part of the compiled variant; the
+    HIP backend knows no launch_pdl, so it is named only where asked for)."""
+    return dict(launch_cooperative_grid=True, **({"launch_pdl": True} if cx.get("PDL") else {}))
 
 
 def signature(fp8: str = "fp8e4nv") -> dict:

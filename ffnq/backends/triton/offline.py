@@ -73,7 +73,7 @@ def compile_key(key: FfnBuild, target: str, stage: int = 0, final: bool = False)
     lay = scratch_layout(key, K.scratch_extra(key))
     peer = peer_layout(key.model, key.tp, key.blocks)
     cx = K.constexprs(key, lay, peer, is_hip=tgt.backend == "hip", stage=stage, final=final)
-    kwargs = dict(cx, num_warps=NUM_WARPS, num_stages=NUM_STAGES, launch_cooperative_grid=True)
+    kwargs = dict(cx, num_warps=NUM_WARPS, num_stages=NUM_STAGES, **K.launch_options(cx))
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     binder = create_function_from_signature(fn.signature, fn.params, backend)

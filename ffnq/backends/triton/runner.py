@@ -98,7 +98,7 @@ class TritonRunner(Runner):
                 self._launch_stage(s, args, stage, final)
             return None
         return K.ffn_kernel[(self.keys[s].blocks,)](*args, **cx, num_warps=self.NUM_WARPS, num_stages=2,
-                                            launch_cooperative_grid=True)
+                                                    **K.launch_options(cx))
 
     def _launch_stage(self, s, args, stage, final=False):
         """One part of the step (STAGE > 0, no grid barrier inside): the interpreter's path."""
@@ -136,7 +136,7 @@ class TritonRunner(Runner):
                 continue
             for final in (True, False):  # the non-final variant's resources are the ones reported
                 ck = K.ffn_kernel.warmup(*args, grid=(grid,), **self._cx[(s, final)],
-                                         num_warps=self.NUM_WARPS, num_stages=2, launch_cooperative_grid=True)
+                                         num_warps=self.NUM_WARPS, num_stages=2, **K.launch_options(self._cx[(s, final)]))
             ck._init_handles()
             info.update(compile_s=round(time.perf_counter() - t0, 3), n_regs=ck.n_regs, n_spills=ck.n_spills,
                         shared_bytes=ck.metadata.shared)
