@@ -117,18 +117,41 @@ def bench(r, spec, w, s, dev, calls=20, reps=7):
                 eager_us=round(eager, 1))
 
 
-def profile(rt, full, spec, w, dev, experts):
+def profile(rt, spec, sets, dev):
     """Per-phase medians over CTAs (us) from the in-kernel timeline and the kernel's finer stamps
-    (scratch "sub"), plus the latest CTA's end of each phase relative to the median start."""
+    (scratch "sub"), plus the latest CTA's end of each phase relative to the median start. Timed as
+    the bench times: a CUDA graph of 2 x len(sets) launches walking the weight sets (cold L2), the
+    stamps read from its last launch; "launch_us" is the graph's time per launch, "span" the last
+    launch's first CTA start to last CTA end, "gap" the difference (launch, prologue, exit)."""
     cols = {n: i for i, n in enumerate(stamp_names(WORLD))}
     out = {}
     for s in rt.widths:
         parts, resid, slots = inputs(spec, s, 31 + s, pad=False)
-        for _ in range(3):
-            rt(parts[RANK].to(dev), resid.to(dev), w, slots.to(dev))
-        torch.cuda.synchronize()
+        p, q, sl = parts[RANK].to(dev), resid.to(dev), slots.to(dev)
+        calls = [w for _ in range(2) for w in sets]
+        for w in sets:
+            rt(p, q, w, sl)
+        barrier()
+        g = torch.cuda.CUDAGraph()
+        st = torch.cuda.Stream()
+        st.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(st):
+            with torch.cuda.graph(g):
+                for w in calls:
+                    rt(p, q, w, sl)
+        torch.cuda.current_stream().wait_stream(st)
+        ts = []
+        for _ in range(10):
+            barrier()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            torch.cuda.synchronize()
+            ts.append(a.elapsed_time(b) * 1000 / len(calls))
         t = rt.view(s, "timeline").cpu().double()
         sub = rt.view(s, "sub").cpu().double()
+        start, end = t[:, cols["start"]], t[:, cols["end"]]  # every CTA
         own = sub[:, 7] > 0  # the CTAs that own a column chunk (they stamp the wait before the sum)
         t, sub = t[own], sub[own]
         # stage 2 starts right after stage 1 (no barrier 3: per-expert counters); "tiles" is the
@@ -143,6 +166,12 @@ def profile(rt, full, spec, w, dev, experts):
             row[name] = round(float((b - a).median()) / 1e3, 2)
         row["total"] = round(float((seq[-1][1] - seq[0][1]).median()) / 1e3, 2)
         row["latest"] = {name: round((float(v.max()) - t0) / 1e3, 1) for name, v in seq[1:]}
+        span = (float(end.max()) - float(start.min())) / 1e3
+        row["launch_us"] = round(statistics.median(ts), 2)
+        row["span"] = round(span, 2)
+        row["gap"] = round(row["launch_us"] - span, 2)
+        row["start_spread"] = round((float(start.median()) - float(start.min())) / 1e3, 2)
+        row["end_spread"] = round((float(end.max()) - float(end.median())) / 1e3, 2)
         out[s] = row
     return out
 
@@ -244,7 +273,10 @@ def run_model(name, widths, bench_widths, experts, dev, timeout_s, do_inject, sm
         rp = TritonRunner(WORLD, RANK, pb.sym, pb.peers, dev, widths=prof, experts=experts, model=spec,
                           timeline=True, timeout=timeout_s)
         rp.warm(w)
-        pr = gather(profile(rp, full, spec, w, dev, experts))
+        sets = [w] + [shard(synthetic(spec, seed=4 + i, device=dev), spec, WORLD, RANK, experts, device=dev)
+                      for i in range(3)]  # as the bench: 4 weight sets, cold L2
+        pr = gather(profile(rp, spec, sets, dev))
+        del sets
         for s in prof:
             log(f"   profile s={s:2d} (us, median over CTAs; rank 0): {json.dumps(pr[0][s])}")
         ROWS.append(dict(model=name, tp=WORLD, profile=pr))

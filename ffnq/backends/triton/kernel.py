@@ -893,7 +893,7 @@ def geometry(key) -> dict:
     bn = tune.get("BN", 64)
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
         bn //= 2
-    bh = 128
+    bh = tune.get("BH", 128)
     jb = max(1, min(8, 2048 // (16 * max(16, _p2(ch)))))
     nt = i_r // bn if i_r else 1
     # split K of the stage-1 items while a width's items leave CTAs idle (one token: 96 items
@@ -916,7 +916,7 @@ def geometry(key) -> dict:
     f8 = f8 and H <= 448 ** 2
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90)
-    extra = dict(CHK=tune.get("CHK", 1), BAR=bool(tune.get("BAR", 0)), PDL=bool(tune.get("PDL", 0)))
+    extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)), PDL=bool(tune.get("PDL", 1)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -966,6 +966,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
         g["F8"] = False
+    if is_hip or interp:  # griddepcontrol is sm_90 PTX
         g["PDL"] = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
