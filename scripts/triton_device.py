@@ -165,6 +165,14 @@ def profile(rt, spec, sets, dev):
         for (_, a), (name, b) in zip(seq, seq[1:]):
             row[name] = round(float((b - a).median()) / 1e3, 2)
         row["total"] = round(float((seq[-1][1] - seq[0][1]).median()) / 1e3, 2)
+        # the two exchanges split: push + publish, wait for the last peer's flag, the rest
+        for ph, before, after in (("seam", "start", "seam_done"), ("red", "experts_done", "reduce_done")):
+            arrive = t[:, cols[f"{ph}_arrive" if ph == "seam" else "reduce_arrive"]]
+            seen = torch.stack([t[:, cols[f"{ph}_seen{r}" if ph == "seam" else f"reduce_seen{r}"]]
+                                for r in range(WORLD)]).max(dim=0).values
+            for name, a, b in (("push", t[:, cols[before]], arrive), ("wait", arrive, seen),
+                               ("rest", seen, t[:, cols[after]])):
+                row[f"{ph}_{name}"] = round(float((b - a).median()) / 1e3, 2)
         row["latest"] = {name: round((float(v.max()) - t0) / 1e3, 1) for name, v in seq[1:]}
         span = (float(end.max()) - float(start.min())) / 1e3
         row["launch_us"] = round(statistics.median(ts), 2)

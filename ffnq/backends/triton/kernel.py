@@ -286,20 +286,111 @@ def _record_fault(fault, peers, e, phase, rank, mask, waited, pid, at, P_FBOX: t
 
 
 @triton.jit
+def _fence_sys(INTERP: tl.constexpr):
+    if not INTERP:
+        tl.inline_asm_elementwise("fence.acq_rel.sys;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+
+
+@triton.jit
 def _publish(peers, pid, rank, val, PHASE: tl.constexpr, P_FLAGS: tl.constexpr, TP: tl.constexpr,
-             BLOCKS: tl.constexpr):
-    tl.debug_barrier()  # every thread's pushes happen-before the (one-thread) release
-    for dst in tl.static_range(TP):
-        f = _as(_peer_base(peers, dst), P_FLAGS + ((PHASE * BLOCKS + pid) * TP + rank) * 4, tl.int32)
-        tl.atomic_xchg(f, val, sem="release", scope="sys")
+             BLOCKS: tl.constexpr, INTERP: tl.constexpr, FENCE: tl.constexpr):
+    if FENCE:
+        # every thread fences its own pushes (in parallel), then one relaxed flag per peer: one
+        # round trip to the peers instead of a release (a fence) per flag, each after the last
+        _fence_sys(INTERP)
+        tl.debug_barrier()
+        for dst in tl.static_range(TP):
+            f = _as(_peer_base(peers, dst), P_FLAGS + ((PHASE * BLOCKS + pid) * TP + rank) * 4, tl.int32)
+            tl.atomic_xchg(f, val, sem="relaxed", scope="sys")
+    else:
+        tl.debug_barrier()  # every thread's pushes happen-before the (one-thread) release
+        for dst in tl.static_range(TP):
+            f = _as(_peer_base(peers, dst), P_FLAGS + ((PHASE * BLOCKS + pid) * TP + rank) * 4, tl.int32)
+            tl.atomic_xchg(f, val, sem="release", scope="sys")
 
 
 @triton.jit
 def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.constexpr, P_FLAGS: tl.constexpr,
                 P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr,
-                IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr):
+                IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr,
+                LW: tl.constexpr):
     """Wait for flags[PHASE][pid][src] == e for every src on this rank's buffer, bounded.
-    Skipped (one look only) once the rank has faulted in this launch."""
+    Skipped (one look only) once the rank has faulted in this launch. LW (lean wait): a flag
+    already there costs one acquire poll (no fault-marker read, no second poll), this CTA's own
+    flag none (it wrote it, before the CTA barrier in _publish); the fault marker and the clock
+    are read only once a flag is late."""
+    if LW:
+        _wait_lean(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE, P_FLAGS, P_FBOX, TP, BLOCKS, SEEN0,
+                   IS_HIP, INTERP, TIMELINE, CHK)
+    else:
+        _wait_v14(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE, P_FLAGS, P_FBOX, TP, BLOCKS, SEEN0,
+                  IS_HIP, INTERP, TIMELINE, CHK)
+
+
+@triton.jit
+def _wait_lean(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.constexpr, P_FLAGS: tl.constexpr,
+               P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr,
+               IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr):
+    mine = _peer_base(peers, rank)
+    t0 = now_u(IS_HIP, INTERP)
+    deadline = t0 + timeout_ns
+    if INTERP:  # no clock there: one look, then it counts as expired (lets a CPU test fault a wait)
+        deadline = t0 - 1
+    missing = tl.zeros((), tl.int32)
+    neg = tl.zeros((), tl.int32) - 1
+    for src in tl.static_range(TP):
+        if src != rank:
+            f = _as(mine, P_FLAGS + ((PHASE * BLOCKS + pid) * TP + src) * 4, tl.int32)
+            v = _poll(f, "acquire")
+            done = (v == e) | (v == -e)
+            n = 0
+            while not done:
+                if n % CHK == 0:  # first at once: a rank that has faulted takes one look only
+                    t = now_u(IS_HIP, INTERP)
+                    if (t > deadline) | _rank_faulted(fault, e):
+                        deadline = t0 - 1
+                if deadline < t0:
+                    done = True
+                else:
+                    _backoff(IS_HIP, INTERP)
+                    v = _poll(f, "acquire")
+                    done = (v == e) | (v == -e)
+                    n += 1
+            if v != e:
+                if v == -e:
+                    if neg < 0:
+                        neg = src
+                else:
+                    missing = missing | (1 << src)
+        _stamp(tl_row, SEEN0 + src, IS_HIP, INTERP, TIMELINE)
+    tl.debug_barrier()
+    if (missing != 0) | (neg >= 0):
+        _wait_fault(fault, peers, mine, e, PHASE, rank, missing, neg, now_u(IS_HIP, INTERP) - t0, pid, P_FBOX, TP,
+                    IS_HIP, INTERP)
+
+
+@triton.jit
+def _wait_fault(fault, peers, mine, e, PHASE: tl.constexpr, rank, missing, neg, waited, pid, P_FBOX: tl.constexpr,
+                TP: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+    """The fault record of a wait that missed ranks (``missing``) or saw -e from ``neg``."""
+    if missing != 0:
+        _record_fault(fault, peers, e, PHASE, rank, missing, waited, pid, now_ns(IS_HIP, INTERP), P_FBOX, TP,
+                      True)
+    else:
+        # src gave up on somebody: its note in our fault_box says whom
+        box = _as(mine, P_FBOX + neg.to(tl.int64) * 32, tl.int64)
+        be = tl.atomic_add(box, 0, sem="acquire", scope="sys")
+        bm = tl.load(box + 1)
+        mask = tl.where(be == e.to(tl.int64), bm, (1 << neg).to(tl.int64))
+        _record_fault(fault, peers, e, PHASE, rank, mask, waited, pid, now_ns(IS_HIP, INTERP), P_FBOX, TP,
+                      False)
+
+
+@triton.jit
+def _wait_v14(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.constexpr, P_FLAGS: tl.constexpr,
+              P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr,
+              IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr):
     mine = _peer_base(peers, rank)
     t0 = now_u(IS_HIP, INTERP)
     deadline = t0 + timeout_ns
@@ -336,17 +427,8 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.conste
         deadline = tl.where(_rank_faulted(fault, e), t0 - 1, deadline)
     tl.debug_barrier()
     waited = now_u(IS_HIP, INTERP) - t0
-    if missing != 0:
-        _record_fault(fault, peers, e, PHASE, rank, missing, waited, pid, now_ns(IS_HIP, INTERP), P_FBOX, TP,
-                      True)
-    elif neg >= 0:
-        # src gave up on somebody: its note in our fault_box says whom
-        box = _as(mine, P_FBOX + neg.to(tl.int64) * 32, tl.int64)
-        be = tl.atomic_add(box, 0, sem="acquire", scope="sys")
-        bm = tl.load(box + 1)
-        mask = tl.where(be == e.to(tl.int64), bm, (1 << neg).to(tl.int64))
-        _record_fault(fault, peers, e, PHASE, rank, mask, waited, pid, now_ns(IS_HIP, INTERP), P_FBOX, TP,
-                      False)
+    if (missing != 0) | (neg >= 0):
+        _wait_fault(fault, peers, mine, e, PHASE, rank, missing, neg, waited, pid, P_FBOX, TP, IS_HIP, INTERP)
 
 
 @triton.jit
@@ -448,7 +530,8 @@ def ffn_kernel(
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
-    FINAL: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
+    FINAL: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr, LW: tl.constexpr,
+    FENCE: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -518,7 +601,7 @@ def ffn_kernel(
             seam = _as(_peer_base(peers, dst), P_SEAM + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
             tl.store(seam + offs, p, mask=m2)
         val = tl.where(_rank_faulted(fault, e), -e, e)
-        _publish(peers, pid, rank, val, PH_SEAM, P_FLAGS, TP, BLOCKS)
+        _publish(peers, pid, rank, val, PH_SEAM, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
         _stamp(tl_row, C_SEAM_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 6):
         # this chunk's columns of the router [E, CH], loaded before the wait: its HBM latency
@@ -529,7 +612,7 @@ def ffn_kernel(
         if F8 & (STAGE == 0):  # x's range for its fp8 terms (phase B, stage 1), read before the link's wait too
             xsig = _xsig(post_norm, H, HP2)
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
-                    C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
+                    C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LW)
         offs = rows[:, None] * H + ccols[None, :]
         h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)
         for src in tl.static_range(TP):  # rank order: every rank sums the same values the same way
@@ -802,11 +885,11 @@ def ffn_kernel(
             moe = _as(_peer_base(peers, dst), P_MOE + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
             tl.store(moe + offs, yb, mask=m2)
         val = tl.where(_rank_faulted(fault, e), -e, e)
-        _publish(peers, pid, rank, val, PH_REDUCE, P_FLAGS, TP, BLOCKS)
+        _publish(peers, pid, rank, val, PH_REDUCE, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
         _stamp(tl_row, C_RED_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 7):
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_REDUCE, P_FLAGS, P_FBOX, TP, BLOCKS,
-                    C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
+                    C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LW)
         offs = rows[:, None] * H + ccols[None, :]
         o = tl.zeros((SP, CHP2), tl.float32)
         for src in tl.static_range(TP):
@@ -818,12 +901,12 @@ def ffn_kernel(
         # -------------------------------------------------------------------------- F: handshake, end
         if FINAL:
             val = tl.where(_rank_faulted(fault, e), -e, e)
-            _publish(peers, pid, rank, val, PH_HANDSHAKE, P_FLAGS, TP, BLOCKS)
+            _publish(peers, pid, rank, val, PH_HANDSHAKE, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
             _stamp(tl_row, C_HS_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 8):
         if FINAL:
             _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_HANDSHAKE, P_FLAGS, P_FBOX, TP,
-                        BLOCKS, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
+                        BLOCKS, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LW)
             _stamp(tl_row, C_HS_DONE, IS_HIP, INTERP, TIMELINE)
         _stamp(tl_row, C_END, IS_HIP, INTERP, TIMELINE)
         # last CTA out moves the epoch on (also after a fault)
@@ -916,7 +999,8 @@ def geometry(key) -> dict:
     f8 = f8 and H <= 448 ** 2
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90)
-    extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)), PDL=bool(tune.get("PDL", 1)))
+    extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)), PDL=bool(tune.get("PDL", 1)),
+                 LW=bool(tune.get("LW", 0)), FENCE=bool(tune.get("FENCE", 0)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -966,8 +1050,8 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
         g["F8"] = False
-    if is_hip or interp:  # griddepcontrol is sm_90 PTX
-        g["PDL"] = False
+    if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
+        g["PDL"] = g["FENCE"] = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
              IS_HIP=bool(is_hip), INTERP=bool(interp), STAGE=int(stage), FINAL=bool(final))
