@@ -561,7 +561,9 @@ def ffn_kernel(
     tl_row = _as(scratch, SC_TL, tl.int64) + pid * NCOL
     sub_row = _as(scratch, SC_SUB, tl.int64) + pid * 16  # finer stamps inside the router and expert phases
     words = epoch
-    e = tl.atomic_add(words, 0, sem="relaxed", scope="gpu") + 1
+    # a plain L2 read (the last launch's write to it is ordered by the kernel boundary or gdc_wait):
+    # unlike an atomic it does not stall here, so it overlaps the phase-A loads below
+    e = tl.load(words, cache_modifier=".cg") + 1
     e = tl.where(e <= 0, 1, e)  # 1..2^31-1: 0 is the cleared value, -e marks a fault
     par = (e & 1).to(tl.int64)
     rows = tl.arange(0, SP)
@@ -581,8 +583,12 @@ def ffn_kernel(
     # ------------------------------------------------------------------------------ A: seam
     if (STAGE == 0) | (STAGE == 1):
         _stamp(tl_row, C_START, IS_HIP, INTERP, TIMELINE)
+        # the reads of this phase issued together (one wait, not one round trip each)
+        offs = rows[:, None] * H + ccols[None, :]
+        p = tl.load(part + offs, mask=m2, other=0.0)
+        faulted = tl.load(fault + F_EPOCH, cache_modifier=".cg") == e.to(tl.int64)
         if pid == 0:
-            if tl.atomic_add(fault + F_EPOCH, 0, sem="relaxed", scope="gpu") != e.to(tl.int64):
+            if not faulted:
                 tl.store(fault + F_VALID, 0)
             if ROWTOP:  # phase B's per-row arrival counters (used after barrier 1)
                 tl.store(_as(scratch, SC_ROWCNT, tl.int32) + tl.arange(0, 16), tl.zeros((16,), tl.int32))
@@ -595,12 +601,11 @@ def ffn_kernel(
                 while t - t0 < delay:
                     _backoff(IS_HIP, INTERP)
                     t = now_u(IS_HIP, INTERP)
-        offs = rows[:, None] * H + ccols[None, :]
-        p = tl.load(part + offs, mask=m2, other=0.0)
+                faulted = _rank_faulted(fault, e)  # other CTAs may have given up meanwhile
         for dst in tl.static_range(TP):
             seam = _as(_peer_base(peers, dst), P_SEAM + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
             tl.store(seam + offs, p, mask=m2)
-        val = tl.where(_rank_faulted(fault, e), -e, e)
+        val = tl.where(faulted, -e, e)
         _publish(peers, pid, rank, val, PH_SEAM, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
         _stamp(tl_row, C_SEAM_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 6):
@@ -611,10 +616,10 @@ def ffn_kernel(
         pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
         if F8 & (STAGE == 0):  # x's range for its fp8 terms (phase B, stage 1), read before the link's wait too
             xsig = _xsig(post_norm, H, HP2)
+        offs = rows[:, None] * H + ccols[None, :]
+        h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)  # so is the residual
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
                     C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LW)
-        offs = rows[:, None] * H + ccols[None, :]
-        h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)
         for src in tl.static_range(TP):  # rank order: every rank sums the same values the same way
             seam = _as(mine, P_SEAM + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
             h += tl.load(seam + offs, mask=m2, other=0.0).to(tl.float32)
@@ -1000,7 +1005,7 @@ def geometry(key) -> dict:
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90)
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)), PDL=bool(tune.get("PDL", 1)),
-                 LW=bool(tune.get("LW", 0)), FENCE=bool(tune.get("FENCE", 0)))
+                 LW=bool(tune.get("LW", 1)), FENCE=bool(tune.get("FENCE", 1)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
