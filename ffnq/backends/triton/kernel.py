@@ -38,10 +38,12 @@ step does, for one width S:
      reduce   push the chunk to every peer's moe slot, publish REDUCE flags, wait, sum in rank
               order -> out.
   F  handshake (FINAL, a constexpr: its own compiled variant): publish HANDSHAKE flags to every peer, wait for every peer's.
-     end      last CTA out stores the epoch e (so a CUDA-graph replay uses e+1 next time).
+     end      the epoch e is stored (so a CUDA-graph replay uses e+1 next time): by CTA 0 after
+              barrier 1 in the fused launch (every CTA has read it by then), by the last CTA out
+              (exit count) in staged launches.
 
 Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] grid-barrier
-arrival count, [2] grid-barrier generation, [3] exit count. Flags hold e (or -e once this rank
+arrival count, [2] grid-barrier generation (BAR=0), [3] exit count (staged launches). Flags hold e (or -e once this rank
 faulted in this launch); a wait matches == e exactly. Every cross-GPU wait is bounded by
 timeout_ns from the start of that phase's wait; on expiry the first faulting CTA writes the
 scratch fault record and fault_box[rank] on every peer, and every later wait of the rank is
@@ -146,7 +148,7 @@ def _wscaled(w, scale, INTERP: tl.constexpr, IS_HIP: tl.constexpr):
 
 
 @triton.jit
-def _topk(lg, bias, ecols, evalid, live, K: tl.constexpr, EP2: tl.constexpr):
+def _topk(lg, bias, ecols, evalid, live, K: tl.constexpr, KP2: tl.constexpr, EP2: tl.constexpr, SORT: tl.constexpr):
     """Per row of logits lg [R, EP2]: sigmoid scores, the biased top-k and the renormalised
     routing weights; rows not ``live`` select nothing. One int64 key per score (the fp32 bits
     made order-preserving in the high word, the reversed index in the low word), so one max per
@@ -156,11 +158,17 @@ def _topk(lg, bias, ecols, evalid, live, K: tl.constexpr, EP2: tl.constexpr):
     b = tl.where(evalid[None, :], scores + bias[None, :], float("-inf"))
     bits = b.to(tl.int32, bitcast=True)
     key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | (EP2 - 1 - ecols)[None, :].to(tl.int64)
-    sel = tl.zeros(lg.shape, tl.int32)
-    for kk in tl.static_range(K):
-        hit = key == tl.max(key, axis=1)[:, None]
-        sel = tl.where(hit, 1, sel)
-        key = tl.where(hit, -9223372036854775807, key)
+    if SORT:
+        # one partial bitonic sort (keys are unique): the K-th largest key is the threshold
+        top = tl.topk(key, KP2, dim=1)  # [R, KP2], descending
+        kth = tl.min(tl.where(tl.arange(0, KP2)[None, :] < K, top, 9223372036854775807), axis=1)
+        sel = (key >= kth[:, None]).to(tl.int32)
+    else:
+        sel = tl.zeros(lg.shape, tl.int32)
+        for kk in tl.static_range(K):
+            hit = key == tl.max(key, axis=1)[:, None]
+            sel = tl.where(hit, 1, sel)
+            key = tl.where(hit, -9223372036854775807, key)
     sel = tl.where(live[:, None], sel, 0)
     w = tl.where(sel > 0, scores, 0.0)
     ws = tl.sum(w, axis=1)
@@ -436,28 +444,30 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
                   IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr, CHK: tl.constexpr,
                   BAR: tl.constexpr):
     """Barrier over the co-resident grid, always passed, even after a fault (bounded as a last
-    resort). BAR: words[1] only grows within a launch (the last CTA out clears it), barrier b of
-    the launch is passed when it reaches (b + 1) x BLOCKS: one arrival atomic per CTA and polls of
-    the same word. Else a generation barrier: words[1] counts arrivals, the last arriver resets
-    it and bumps the generation words[2], on which the others spin."""
+    resort). BAR: words[1] counts every arrival of every launch (uint32, wrapping; BLOCKS divides
+    2^32, so a multiple of BLOCKS at every launch boundary); a barrier is passed once it has grown
+    by BLOCKS from the multiple below this CTA's arrival: one arrival atomic per CTA, polls of the
+    same word, no reset. Else a generation barrier: words[1] counts arrivals, the last arriver
+    resets it and bumps the generation words[2], on which the others spin."""
     if STAGE == 0:
         tl.debug_barrier()
         if BAR:
-            old = tl.atomic_add(words + 1, 1, sem="acq_rel", scope="gpu")
-            target = (old // BLOCKS + 1) * BLOCKS
+            cnt = (words + 1).to(tl.pointer_type(tl.uint32), bitcast=True)
+            old = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            base = old - old % BLOCKS
             g = old + 1
-            if g < target:
+            if g - base < BLOCKS:
                 t0 = now_u(IS_HIP, INTERP)
                 deadline = t0 + 4 * timeout_ns
                 t = t0
                 n = 0
-                while (g < target) & (t <= deadline):
+                while (g - base < BLOCKS) & (t <= deadline):
                     _backoff(IS_HIP, INTERP)
-                    g = tl.atomic_add(words + 1, 0, sem="acquire", scope="gpu")
+                    g = tl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
                     n += 1
                     if n % CHK == 0:
                         t = now_u(IS_HIP, INTERP)
-                if g < target:
+                if g - base < BLOCKS:
                     _record_fault(fault, words, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
         else:
             g0 = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
@@ -530,7 +540,7 @@ def ffn_kernel(
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
-    FINAL: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr, LW: tl.constexpr,
+    FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr, LW: tl.constexpr,
     FENCE: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
@@ -634,6 +644,10 @@ def ffn_kernel(
                      mask=rmask[:, None] & evalid[None, :])
         _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, BAR)
+    if (STAGE == 0) & (pid == 0):
+        # every CTA read the epoch before barrier 1, so it moves on here (also after a fault);
+        # the next launch reads it after the kernel boundary (or gdc_wait): no exit counter
+        tl.store(words, e)
 
     # ------------------------------------------------------------------------------ B: norm + router logits
     if (STAGE == 0) | (STAGE == 2):
@@ -691,7 +705,7 @@ def ffn_kernel(
                 lg1 = accl[None, :] * tl.sum(tl.where(rows == rr, rstd, 0.0), axis=0)
                 pad1 = tl.load(slots + r1) < 0
                 sel1, w1 = _topk(lg1, tl.load(router_bias + ecols, mask=evalid, other=0.0), ecols, evalid, pad1 == 0,
-                                 K, EP2)
+                                 K, KP2, EP2, SORT)
                 # one shared [E][SP] routing-weight table, and the row's picks for phase C
                 tl.store(_as(scratch, SC_WTAB, tl.float32) + ecols[None, :] * SP + r1[:, None], w1)
                 tl.store(_as(scratch, SC_SEL, tl.int32) + r1[:, None] * EP2 + ecols[None, :], sel1)
@@ -733,7 +747,7 @@ def ffn_kernel(
                          mask=rmask_r[:, None] & evalid[None, :], other=0.0)
             slot = tl.load(slots + rows_r, mask=rmask_r, other=-1)
             sel, wsel = _topk(lg, tl.load(router_bias + ecols, mask=evalid, other=0.0), ecols, evalid,
-                              rmask_r & (slot >= 0), K, EP2)
+                              rmask_r & (slot >= 0), K, KP2, EP2, SORT)
             active = tl.max(sel, axis=0)  # [EP2]
             # this CTA's copy of the routing weights, transposed [E][SP]: a work item reads them
             # from here (L1) instead of keeping [RT, E] tensors live
@@ -914,14 +928,14 @@ def ffn_kernel(
                         BLOCKS, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LW)
             _stamp(tl_row, C_HS_DONE, IS_HIP, INTERP, TIMELINE)
         _stamp(tl_row, C_END, IS_HIP, INTERP, TIMELINE)
-        # last CTA out moves the epoch on (also after a fault)
-        tl.debug_barrier()
-        n_out = tl.atomic_add(words + 3, 1, sem="acq_rel", scope="gpu")
-        if n_out == BLOCKS - 1:
-            tl.atomic_xchg(words + 3, 0, sem="relaxed", scope="gpu")
-            if BAR:
-                tl.atomic_xchg(words + 1, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(words, e, sem="release", scope="sys")
+        if STAGE != 0:
+            # staged launches (one CTA after another): the last CTA out moves the epoch on, as
+            # every CTA reads it at its start (also after a fault)
+            tl.debug_barrier()
+            n_out = tl.atomic_add(words + 3, 1, sem="acq_rel", scope="gpu")
+            if n_out == BLOCKS - 1:
+                tl.atomic_xchg(words + 3, 0, sem="relaxed", scope="gpu")
+                tl.atomic_xchg(words, e, sem="release", scope="sys")
 
 
 @triton.jit
@@ -981,7 +995,9 @@ def geometry(key) -> dict:
     bn = tune.get("BN", 64)
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
         bn //= 2
-    bh = tune.get("BH", 128)
+    # stage-2 tile rows: 64 at one or two tokens (twice the items to spread over the grid, dev
+    # rounds 14 and 16: 0.6-1.4 us faster), 128 from 3 (64 was 4-7 us slower at 8-16 tokens)
+    bh = tune.get("BH", 64 if key.tokens <= 2 else 128)
     jb = max(1, min(8, 2048 // (16 * max(16, _p2(ch)))))
     nt = i_r // bn if i_r else 1
     # split K of the stage-1 items while a width's items leave CTAs idle (one token: 96 items
@@ -1004,8 +1020,8 @@ def geometry(key) -> dict:
     f8 = f8 and H <= 448 ** 2
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90)
-    extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)), PDL=bool(tune.get("PDL", 1)),
-                 LW=bool(tune.get("LW", 1)), FENCE=bool(tune.get("FENCE", 1)))
+    extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0, PDL=bool(tune.get("PDL", 1)),
+                 LW=bool(tune.get("LW", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
