@@ -5,6 +5,7 @@
 # tool brings back at most 8), logs in $OUT/round.log.
 #   prewarm (both) prewarm1 prewarm2   fill Triton's cache for TP1/TP2 minimax-m2 with parallel CPU compiles
 #   warm2 qualify2 bench2 soak2 gate2   TP2 on 2 GPUs      warm1 qualify1 bench1 gate1   TP1
+#   SOAK_STEPS (default 100000) sets the soak's length
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -37,7 +38,7 @@ for s in "$@"; do
     qualify2) step $s 240 $FF qualify $M --tp 2 --inject-rank all --out "$R" ;;
     bench1) step $s 150 $FF bench $M --tp 1 --widths 1-16 --rep-ms 300 --out "$R" ;;
     bench2) step $s 200 $FF bench $M --tp 2 --widths 1-16 --rep-ms 300 --out "$R" ;;
-    soak2) step $s 320 $FF soak $M --tp 2 --steps 100000 --widths 1-16 --random-padding --runners 2 --deadline 300 --out "$R" ;;
+    soak2) step $s 320 $FF soak $M --tp 2 --steps ${SOAK_STEPS:-100000} --widths 1-16 --random-padding --runners 2 --deadline 300 --out "$R" ;;
     gate1) step $s 300 $FF gate configs/gates/h200-tp1.toml --out "$R" ;;
     gate2) step $s 300 $FF gate configs/gates/h200x2-tp2.toml --out "$R" ;;
     *) echo "unknown step $s" ;;
