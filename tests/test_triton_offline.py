@@ -5,10 +5,12 @@ import os
 import pytest
 
 triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 from ffnq.backends import symm
 from ffnq import residency  # noqa: E402
 from ffnq.backends.triton import TritonRunner, offline  # noqa: E402
+from ffnq.backends.triton.kernel import _topk  # noqa: E402
 from ffnq.spec import Experts, load_model  # noqa: E402
 
 TARGETS = ["sm_90", "gfx942", "gfx950"]
@@ -92,6 +94,35 @@ def test_fp8_stage_one_on_nvidia_only(monkeypatch):
     assert K.max_scale() is None
     # x's scratch holds 4 fp8 terms or the fp16 pair in the same bytes
     assert lay["x"].nbytes == 2 * 2 * 4 * spec.hidden
+
+
+def test_launch_and_sync_choices(monkeypatch):
+    """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
+    with one system fence; CDNA and the interpreter do neither (griddepcontrol and the fence are
+    PTX, HIP's launcher knows no launch_pdl); the counting grid barrier needs BLOCKS to divide
+    2^32; stage-2 tiles have 64 rows at one or two tokens. FFNQ_TRITON_TUNE turns each back."""
+    from ffnq.backends.triton import kernel as K
+    from ffnq.spec import peer_layout, scratch_layout
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+    spec = load_model("minimax-m2")
+
+    def cx(s, hip=False, interp=False, blocks=None):
+        key = offline.build_key(spec, 2, Experts.ALL, s, blocks=blocks)
+        return K.constexprs(key, scratch_layout(key, K.scratch_extra(key)), peer_layout(spec, 2, key.blocks),
+                            hip, interp)
+
+    cuda = cx(1)
+    assert cuda["PDL"] and cuda["FENCE"] and cuda["BAR"] and cuda["SORT"] and cuda["CHK"] == 8
+    assert K.launch_options(cuda) == {"launch_cooperative_grid": True, "launch_pdl": True}
+    for c in (cx(1, hip=True), cx(1, interp=True)):
+        assert not c["PDL"] and not c["FENCE"] and c["BAR"]
+        assert K.launch_options(c) == {"launch_cooperative_grid": True}
+    assert [cx(s)["BH"] for s in (1, 2, 3, 16)] == [64, 64, 128, 128]
+    assert cx(4, blocks=128)["BAR"] and not cx(4, blocks=192)["BAR"]
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,BAR=0,FENCE=0,CHK=1,SORT=0,BH=128")
+    v14 = cx(1)
+    assert not (v14["PDL"] or v14["BAR"] or v14["FENCE"] or v14["SORT"]) and (v14["CHK"], v14["BH"]) == (1, 128)
+    assert K.launch_options(v14) == {"launch_cooperative_grid": True}
 
 
 def test_scale_range_is_checked_only_for_the_fp16_scale_path(monkeypatch):
@@ -260,3 +291,39 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts):
     finally:
         for b in bufs:
             symm.BUFFERS.pop(b.data_ptr(), None)
+
+
+@triton.jit
+def _topk_kernel(lg_ptr, b_ptr, sel_ptr, w_ptr, R: tl.constexpr, E: tl.constexpr, K: tl.constexpr, KP2: tl.constexpr,
+                 SORT: tl.constexpr):
+    r, e = tl.arange(0, R), tl.arange(0, E)
+    sel, w = _topk(tl.load(lg_ptr + r[:, None] * E + e[None, :]), tl.load(b_ptr + e), e, e < E, r != 1, K, KP2, E,
+                   SORT)
+    tl.store(sel_ptr + r[:, None] * E + e[None, :], sel)
+    tl.store(w_ptr + r[:, None] * E + e[None, :], w)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+def test_interpreter_topk_by_sort_matches_max_rounds():
+    """SORT (v15): the router's top-k as one partial bitonic sort picks the same experts with the
+    same weights as K rounds of a max, also among tied scores (the index in the key breaks ties)."""
+    import torch
+
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        lg = torch.randn(4, 256, generator=g)
+        if seed % 2:
+            lg = (lg * 2).round() / 2  # many equal scores
+        bias = torch.randn(256, generator=g) * 0.01 if seed < 2 else torch.zeros(256)
+        got = []
+        for sort in (0, 1):
+            sel, w = torch.empty(4, 256, dtype=torch.int32), torch.empty(4, 256)
+            _topk_kernel[(1,)](lg, bias, sel, w, 4, 256, 8, 8, sort)
+            got.append((sel, w))
+        (sel0, w0), (sel1, w1) = got
+        assert torch.equal(sel0, sel1) and torch.equal(w0, w1), seed
+        assert sel1.sum(1).tolist() == [8, 0, 8, 8]  # row 1 is not live: it selects nothing
+        # the picks are the 8 highest biased scores
+        want = torch.topk(torch.sigmoid(lg) + bias, 8, dim=1).indices
+        for r in (0, 2, 3):
+            assert set(want[r].tolist()) == set(torch.nonzero(sel1[r]).flatten().tolist()) or seed % 2, (seed, r)

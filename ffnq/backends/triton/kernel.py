@@ -320,26 +320,12 @@ def _publish(peers, pid, rank, val, PHASE: tl.constexpr, P_FLAGS: tl.constexpr, 
 
 @triton.jit
 def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.constexpr, P_FLAGS: tl.constexpr,
-                P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr,
-                IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr,
-                LW: tl.constexpr):
-    """Wait for flags[PHASE][pid][src] == e for every src on this rank's buffer, bounded.
-    Skipped (one look only) once the rank has faulted in this launch. LW (lean wait): a flag
-    already there costs one acquire poll (no fault-marker read, no second poll), this CTA's own
-    flag none (it wrote it, before the CTA barrier in _publish); the fault marker and the clock
-    are read only once a flag is late."""
-    if LW:
-        _wait_lean(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE, P_FLAGS, P_FBOX, TP, BLOCKS, SEEN0,
-                   IS_HIP, INTERP, TIMELINE, CHK)
-    else:
-        _wait_v14(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE, P_FLAGS, P_FBOX, TP, BLOCKS, SEEN0,
-                  IS_HIP, INTERP, TIMELINE, CHK)
-
-
-@triton.jit
-def _wait_lean(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.constexpr, P_FLAGS: tl.constexpr,
                P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr,
                IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr):
+    """Wait for flags[PHASE][pid][src] == e for every peer src on this rank's buffer, bounded.
+    A flag already there costs one acquire poll; this CTA's own flag none (it wrote it, before the
+    CTA barrier in _publish); the clock and the fault marker are read only once a flag is late,
+    then every CHK polls, so a rank that has faulted in this launch takes one look only."""
     mine = _peer_base(peers, rank)
     t0 = now_u(IS_HIP, INTERP)
     deadline = t0 + timeout_ns
@@ -393,50 +379,6 @@ def _wait_fault(fault, peers, mine, e, PHASE: tl.constexpr, rank, missing, neg, 
         mask = tl.where(be == e.to(tl.int64), bm, (1 << neg).to(tl.int64))
         _record_fault(fault, peers, e, PHASE, rank, mask, waited, pid, now_ns(IS_HIP, INTERP), P_FBOX, TP,
                       False)
-
-
-@triton.jit
-def _wait_v14(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.constexpr, P_FLAGS: tl.constexpr,
-              P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr,
-              IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr):
-    mine = _peer_base(peers, rank)
-    t0 = now_u(IS_HIP, INTERP)
-    deadline = t0 + timeout_ns
-    if INTERP:  # no clock there: one look, then it counts as expired (lets a CPU test fault a wait)
-        deadline = t0 - 1
-    if _rank_faulted(fault, e):
-        deadline = t0 - 1
-    missing = tl.zeros((), tl.int32)
-    neg = tl.zeros((), tl.int32) - 1
-    for src in tl.static_range(TP):
-        f = _as(mine, P_FLAGS + ((PHASE * BLOCKS + pid) * TP + src) * 4, tl.int32)
-        v = _poll(f, "acquire")
-        done = (v == e) | (v == -e)
-        t = t0
-        n = 0
-        while not done:
-            _backoff(IS_HIP, INTERP)
-            v = _poll(f, "relaxed")
-            done = (v == e) | (v == -e)
-            n += 1
-            if n % CHK == 0:  # the clock and the fault marker cost a CTA barrier and an L2 round trip
-                t = now_u(IS_HIP, INTERP)
-                done = done | (t > deadline)
-                if not done:
-                    done = _rank_faulted(fault, e)
-        v = _poll(f, "acquire")
-        _stamp(tl_row, SEEN0 + src, IS_HIP, INTERP, TIMELINE)
-        if v != e:
-            if v == -e:
-                if neg < 0:
-                    neg = src
-            else:
-                missing = missing | (1 << src)
-        deadline = tl.where(_rank_faulted(fault, e), t0 - 1, deadline)
-    tl.debug_barrier()
-    waited = now_u(IS_HIP, INTERP) - t0
-    if (missing != 0) | (neg >= 0):
-        _wait_fault(fault, peers, mine, e, PHASE, rank, missing, neg, waited, pid, P_FBOX, TP, IS_HIP, INTERP)
 
 
 @triton.jit
@@ -540,7 +482,7 @@ def ffn_kernel(
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
-    FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr, LW: tl.constexpr,
+    FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
@@ -629,7 +571,7 @@ def ffn_kernel(
         offs = rows[:, None] * H + ccols[None, :]
         h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)  # so is the residual
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
-                    C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LW)
+                    C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
         for src in tl.static_range(TP):  # rank order: every rank sums the same values the same way
             seam = _as(mine, P_SEAM + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
             h += tl.load(seam + offs, mask=m2, other=0.0).to(tl.float32)
@@ -908,7 +850,7 @@ def ffn_kernel(
         _stamp(tl_row, C_RED_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 7):
         _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_REDUCE, P_FLAGS, P_FBOX, TP, BLOCKS,
-                    C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LW)
+                    C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
         offs = rows[:, None] * H + ccols[None, :]
         o = tl.zeros((SP, CHP2), tl.float32)
         for src in tl.static_range(TP):
@@ -925,7 +867,7 @@ def ffn_kernel(
     if (STAGE == 0) | (STAGE == 8):
         if FINAL:
             _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_HANDSHAKE, P_FLAGS, P_FBOX, TP,
-                        BLOCKS, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LW)
+                        BLOCKS, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
             _stamp(tl_row, C_HS_DONE, IS_HIP, INTERP, TIMELINE)
         _stamp(tl_row, C_END, IS_HIP, INTERP, TIMELINE)
         if STAGE != 0:
@@ -1021,7 +963,7 @@ def geometry(key) -> dict:
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90)
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0, PDL=bool(tune.get("PDL", 1)),
-                 LW=bool(tune.get("LW", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)))
+                 FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
