@@ -43,8 +43,8 @@ step does, for one width S:
               (exit count) in staged launches.
 
 Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] grid-barrier
-arrival count, [2] grid-barrier generation (BAR=0), [3] exit count (staged launches). Flags hold e (or -e once this rank
-faulted in this launch); a wait matches == e exactly. Every cross-GPU wait is bounded by
+arrival count, [2] grid-barrier generation (BAR=0), [3] exit count (staged launches). Flags hold
+e (or -e once this rank faulted in this launch); a wait matches == e exactly. Every cross-GPU wait is bounded by
 timeout_ns from the start of that phase's wait; on expiry the first faulting CTA writes the
 scratch fault record and fault_box[rank] on every peer, and every later wait of the rank is
 skipped (the rank-wide marker is fault[epoch] == e). Grid barriers are always passed.
@@ -303,19 +303,14 @@ def _fence_sys(INTERP: tl.constexpr):
 @triton.jit
 def _publish(peers, pid, rank, val, PHASE: tl.constexpr, P_FLAGS: tl.constexpr, TP: tl.constexpr,
              BLOCKS: tl.constexpr, INTERP: tl.constexpr, FENCE: tl.constexpr):
+    # FENCE: every thread fences its own pushes (in parallel), then one relaxed flag per peer: one
+    # round trip to the peers, not a release (a fence) per flag each waiting for the last flag
     if FENCE:
-        # every thread fences its own pushes (in parallel), then one relaxed flag per peer: one
-        # round trip to the peers instead of a release (a fence) per flag, each after the last
         _fence_sys(INTERP)
-        tl.debug_barrier()
-        for dst in tl.static_range(TP):
-            f = _as(_peer_base(peers, dst), P_FLAGS + ((PHASE * BLOCKS + pid) * TP + rank) * 4, tl.int32)
-            tl.atomic_xchg(f, val, sem="relaxed", scope="sys")
-    else:
-        tl.debug_barrier()  # every thread's pushes happen-before the (one-thread) release
-        for dst in tl.static_range(TP):
-            f = _as(_peer_base(peers, dst), P_FLAGS + ((PHASE * BLOCKS + pid) * TP + rank) * 4, tl.int32)
-            tl.atomic_xchg(f, val, sem="release", scope="sys")
+    tl.debug_barrier()  # every thread's pushes happen-before the (one-thread) flags
+    for dst in tl.static_range(TP):
+        f = _as(_peer_base(peers, dst), P_FLAGS + ((PHASE * BLOCKS + pid) * TP + rank) * 4, tl.int32)
+        tl.atomic_xchg(f, val, sem="relaxed" if FENCE else "release", scope="sys")
 
 
 @triton.jit
