@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ffnq import reference
 from ffnq.backends.triton import TritonRunner
 from ffnq.spec import Experts, load_model, stamp_names
+from ffnq.timing import time_steps
 from ffnq.weights import shard, synthetic
 
 RANK = int(os.environ.get("RANK", 0))
@@ -88,24 +89,8 @@ def bench(r, spec, w, s, dev, calls=20, reps=7):
     for _ in range(3):
         r(p, q, w, sl)
     barrier()
-    g = torch.cuda.CUDAGraph()
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                r(p, q, w, sl)
-    torch.cuda.current_stream().wait_stream(st)
-    barrier()
-    ts = []
-    for _ in range(reps):
-        barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / calls)
+    ts = [x / calls for x in time_steps(lambda: [r(p, q, w, sl) for _ in range(calls)], reps, barrier=barrier,
+                                        device=dev, graph=True)]
     f = r.fault(s)
     # eager single launch, host clock (includes Python launch overhead)
     barrier()
@@ -132,23 +117,8 @@ def profile(rt, spec, sets, dev):
         for w in sets:
             rt(p, q, w, sl)
         barrier()
-        g = torch.cuda.CUDAGraph()
-        st = torch.cuda.Stream()
-        st.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(st):
-            with torch.cuda.graph(g):
-                for w in calls:
-                    rt(p, q, w, sl)
-        torch.cuda.current_stream().wait_stream(st)
-        ts = []
-        for _ in range(10):
-            barrier()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b) * 1000 / len(calls))
+        ts = [x / len(calls) for x in time_steps(lambda: [rt(p, q, w, sl) for w in calls], 10, barrier=barrier,
+                                                 device=dev, graph=True)]
         t = rt.view(s, "timeline").cpu().double()
         sub = rt.view(s, "sub").cpu().double()
         start, end = t[:, cols["start"]], t[:, cols["end"]]  # every CTA
