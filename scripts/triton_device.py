@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from ffnq import reference
 from ffnq.backends.triton import TritonRunner
+from ffnq.jobs.bench import ROTATE_SETS_GPU
 from ffnq.spec import Experts, load_model, stamp_names
 from ffnq.timing import time_steps
 from ffnq.weights import shard, synthetic
@@ -136,13 +137,12 @@ def profile(rt, spec, sets, dev):
             row[name] = round(float((b - a).median()) / 1e3, 2)
         row["total"] = round(float((seq[-1][1] - seq[0][1]).median()) / 1e3, 2)
         # the two exchanges split: push + publish, wait for the last peer's flag, the rest
-        for ph, before, after in (("seam", "start", "seam_done"), ("red", "experts_done", "reduce_done")):
-            arrive = t[:, cols[f"{ph}_arrive" if ph == "seam" else "reduce_arrive"]]
-            seen = torch.stack([t[:, cols[f"{ph}_seen{r}" if ph == "seam" else f"reduce_seen{r}"]]
-                                for r in range(WORLD)]).max(dim=0).values
+        for key, ph, before in (("seam", "seam", "start"), ("red", "reduce", "experts_done")):
+            arrive = t[:, cols[f"{ph}_arrive"]]
+            seen = torch.stack([t[:, cols[f"{ph}_seen{r}"]] for r in range(WORLD)]).max(dim=0).values
             for name, a, b in (("push", t[:, cols[before]], arrive), ("wait", arrive, seen),
-                               ("rest", seen, t[:, cols[after]])):
-                row[f"{ph}_{name}"] = round(float((b - a).median()) / 1e3, 2)
+                               ("rest", seen, t[:, cols[f"{ph}_done"]])):
+                row[f"{key}_{name}"] = round(float((b - a).median()) / 1e3, 2)
         row["latest"] = {name: round((float(v.max()) - t0) / 1e3, 1) for name, v in seq[1:]}
         span = (float(end.max()) - float(start.min())) / 1e3
         row["launch_us"] = round(statistics.median(ts), 2)
@@ -251,8 +251,8 @@ def run_model(name, widths, bench_widths, experts, dev, timeout_s, do_inject, sm
         rp = TritonRunner(WORLD, RANK, pb.sym, pb.peers, dev, widths=prof, experts=experts, model=spec,
                           timeline=True, timeout=timeout_s)
         rp.warm(w)
-        sets = [w] + [shard(synthetic(spec, seed=4 + i, device=dev), spec, WORLD, RANK, experts, device=dev)
-                      for i in range(3)]  # as the bench: 4 weight sets, cold L2
+        sets = [w] + [shard(synthetic(spec, seed=3 + i, device=dev), spec, WORLD, RANK, experts, device=dev)
+                      for i in range(1, ROTATE_SETS_GPU)]  # as the bench: cold L2
         pr = gather(profile(rp, spec, sets, dev))
         del sets
         for s in prof:

@@ -83,13 +83,12 @@ def test_fp8_stage_one_on_nvidia_only(monkeypatch):
     """v14: stage 1 multiplies fp8 x terms with the fp8 weight codes on sm_90 (the scale on each K
     block's product, so no scale limit); CDNA keeps the fp16 path (its fp8 MMA is the fnuz format)."""
     from ffnq.backends.triton import kernel as K
-    from ffnq.spec import peer_layout, scratch_layout
+    from ffnq.spec import scratch_layout
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")
     key = offline.build_key(spec, 2, Experts.ALL, 4)
     lay = scratch_layout(key, K.scratch_extra(key))  # the layouts of a launch, as offline builds them
-    peer = peer_layout(spec, 2, key.blocks)
-    cuda, hip = K.constexprs(key, lay, peer, False), K.constexprs(key, lay, peer, True)
+    cuda, hip = offline.constexprs_for(key, False), offline.constexprs_for(key, True)
     assert cuda["F8"] and cuda["SACC"] and cuda["SHIFT"] == 1.0 and not hip["F8"] and hip["SACC"]
     assert K.max_scale() is None
     # x's scratch holds 4 fp8 terms or the fp16 pair in the same bytes
@@ -102,14 +101,11 @@ def test_launch_and_sync_choices(monkeypatch):
     PTX, HIP's launcher knows no launch_pdl); the counting grid barrier needs BLOCKS to divide
     2^32; stage-2 tiles have 64 rows at one or two tokens. FFNQ_TRITON_TUNE turns each back."""
     from ffnq.backends.triton import kernel as K
-    from ffnq.spec import peer_layout, scratch_layout
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")
 
     def cx(s, hip=False, interp=False, blocks=None):
-        key = offline.build_key(spec, 2, Experts.ALL, s, blocks=blocks)
-        return K.constexprs(key, scratch_layout(key, K.scratch_extra(key)), peer_layout(spec, 2, key.blocks),
-                            hip, interp)
+        return offline.constexprs_for(offline.build_key(spec, 2, Experts.ALL, s, blocks=blocks), hip, interp)
 
     cuda = cx(1)
     assert cuda["PDL"] and cuda["FENCE"] and cuda["BAR"] and cuda["SORT"] and cuda["CHK"] == 8

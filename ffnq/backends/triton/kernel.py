@@ -44,10 +44,10 @@ step does, for one width S:
 
 Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] grid-barrier
 arrival count, [2] grid-barrier generation (BAR=0), [3] exit count (staged launches). Flags hold
-e (or -e once this rank faulted in this launch); a wait matches == e exactly. Every cross-GPU wait is bounded by
-timeout_ns from the start of that phase's wait; on expiry the first faulting CTA writes the
-scratch fault record and fault_box[rank] on every peer, and every later wait of the rank is
-skipped (the rank-wide marker is fault[epoch] == e). Grid barriers are always passed.
+e (or -e once this rank faulted in this launch); a wait matches == e exactly. Every cross-GPU
+wait is bounded by timeout_ns from the start of that phase's wait; on expiry the first faulting
+CTA writes the scratch fault record and fault_box[rank] on every peer, and every later wait of
+the rank is skipped (the rank-wide marker is fault[epoch] == e). Grid barriers are always passed.
 
 STAGE = 0 runs everything in one launch. STAGE > 0 runs one part per launch with no grid
 barrier (the launch boundary is the barrier), in the order STAGES below: the interpreter
@@ -391,21 +391,8 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
         if BAR:
             cnt = (words + 1).to(tl.pointer_type(tl.uint32), bitcast=True)
             old = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            base = old - old % BLOCKS
-            g = old + 1
-            if g - base < BLOCKS:
-                t0 = now_u(IS_HIP, INTERP)
-                deadline = t0 + 4 * timeout_ns
-                t = t0
-                n = 0
-                while (g - base < BLOCKS) & (t <= deadline):
-                    _backoff(IS_HIP, INTERP)
-                    g = tl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
-                    n += 1
-                    if n % CHK == 0:
-                        t = now_u(IS_HIP, INTERP)
-                if g - base < BLOCKS:
-                    _record_fault(fault, words, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
+            _spin_count(cnt, old + 1, old - old % BLOCKS, BLOCKS, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP,
+                        INTERP, CHK)
         else:
             g0 = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
             old = tl.atomic_add(words + 1, 1, sem="acq_rel", scope="gpu")
@@ -413,44 +400,42 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
                 tl.atomic_xchg(words + 1, 0, sem="relaxed", scope="gpu")
                 tl.atomic_add(words + 2, 1, sem="release", scope="gpu")
             else:
-                t0 = now_u(IS_HIP, INTERP)
-                deadline = t0 + 4 * timeout_ns
                 g = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
-                t = t0
-                n = 0
-                while (g == g0) & (t <= deadline):
-                    _backoff(IS_HIP, INTERP)
-                    g = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
-                    n += 1
-                    if n % CHK == 0:
-                        t = now_u(IS_HIP, INTERP)
-                if g == g0:
-                    _record_fault(fault, words, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
+                _spin_count(words + 2, g, g0, 1, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP, INTERP, CHK)
         tl.debug_barrier()
 
 
 @triton.jit
 def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
                 CHK: tl.constexpr):
-    """Wait until the GPU-local counter *ptr reaches target (work of other CTAs of this launch:
-    it always arrives, so the bound, 4x timeout like a grid barrier, is a last resort)."""
+    """Wait until the GPU-local counter *ptr reaches target."""
     v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    if v < target:
+    _spin_count(ptr, v, 0, target, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, IS_HIP: tl.constexpr,
+                INTERP: tl.constexpr, CHK: tl.constexpr):
+    """Spin until the GPU-local counter *ptr has grown by ``need`` from ``base`` (v: its last value
+    read; the difference wraps, so a uint32 count that never resets works). The count is work of
+    other CTAs of this launch and always arrives, so the bound, 4x timeout, is a last resort that
+    records a fault; the clock is read every CHK polls."""
+    if v - base < need:
         t0 = now_u(IS_HIP, INTERP)
         deadline = t0 + 4 * timeout_ns
         if INTERP:  # no clock there; the staged launches finish every count before its use
             deadline = t0 - 1
         t = t0
         n = 0
-        while (v < target) & (t <= deadline):
+        while (v - base < need) & (t <= deadline):
             _backoff(IS_HIP, INTERP)
             v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
             n += 1
             if n % CHK == 0:
                 t = now_u(IS_HIP, INTERP)
-        if v < target:
-            _record_fault(fault, fault, e, PH_REDUCE, rank, 0, t - t0, pid, t, 0, 1, False)
-    tl.debug_barrier()
+        if v - base < need:
+            _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -957,8 +942,8 @@ def geometry(key) -> dict:
     f8 = f8 and H <= 448 ** 2
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90)
-    extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0, PDL=bool(tune.get("PDL", 1)),
-                 FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)))
+    extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
+                 PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)

@@ -60,6 +60,13 @@ def _standins(key: FfnBuild):
     return [t[n] for n in K.ARG_NAMES]
 
 
+def constexprs_for(key: FfnBuild, hip: bool, interp: bool = False, stage: int = 0, final: bool = False) -> dict:
+    """Every constexpr of one build, with the scratch and peer layouts a launch of it uses."""
+    from ffnq.backends.triton import kernel as K
+    lay = scratch_layout(key, K.scratch_extra(key))
+    return K.constexprs(key, lay, peer_layout(key.model, key.tp, key.blocks), hip, interp, stage=stage, final=final)
+
+
 def compile_key(key: FfnBuild, target: str, stage: int = 0, final: bool = False):
     """The CompiledKernel of one build for one target, as the JIT would make it."""
     import triton
@@ -70,9 +77,7 @@ def compile_key(key: FfnBuild, target: str, stage: int = 0, final: bool = False)
     tgt = _target(target)
     backend = make_backend(tgt)
     fn = K.ffn_kernel
-    lay = scratch_layout(key, K.scratch_extra(key))
-    peer = peer_layout(key.model, key.tp, key.blocks)
-    cx = K.constexprs(key, lay, peer, is_hip=tgt.backend == "hip", stage=stage, final=final)
+    cx = constexprs_for(key, tgt.backend == "hip", stage=stage, final=final)
     kwargs = dict(cx, num_warps=NUM_WARPS, num_stages=NUM_STAGES, **K.launch_options(cx))
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode

@@ -135,8 +135,9 @@ class TritonRunner(Runner):
                 self._info[s] = info
                 continue
             for final in (True, False):  # the non-final variant's resources are the ones reported
-                ck = K.ffn_kernel.warmup(*args, grid=(grid,), **self._cx[(s, final)],
-                                         num_warps=self.NUM_WARPS, num_stages=2, **K.launch_options(self._cx[(s, final)]))
+                cx = self._cx[(s, final)]
+                ck = K.ffn_kernel.warmup(*args, grid=(grid,), **cx, num_warps=self.NUM_WARPS, num_stages=2,
+                                         **K.launch_options(cx))
             ck._init_handles()
             info.update(compile_s=round(time.perf_counter() - t0, 3), n_regs=ck.n_regs, n_spills=ck.n_spills,
                         shared_bytes=ck.metadata.shared)
