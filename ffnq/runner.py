@@ -128,7 +128,7 @@ class Runner:
         barrier()
         for buf in self.scratch.values():
             buf.zero_()
-        for name in ("flags", "fault_box"):
+        for name in ("flags", "fault_box", "seam_ll", "moe_ll"):  # every tag a wait could take
             view(self.own, self.peer_regions[name]).zero_()
         self.epoch.zero_()
         sync()

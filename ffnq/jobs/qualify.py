@@ -205,6 +205,10 @@ class Qualify:
             flags = self.tl.view(s, "flags")  # [phase][cta][src]
             for c in range(flags.shape[1]):
                 flags[:, c, R] = vals[c % 2]
+            for name in ("seam_ll", "moe_ll"):  # the tagged words of R's slots [parity][src][row][col]
+                words = self.tl.view(s, name)
+                words[:, R, :, 0::2] = vals[0] << 32
+                words[:, R, :, 1::2] = vals[1] << 32
         delay = over_delay_ns(self.job.timeout)
         self.tl.inject.copy_(torch.tensor([R + 1, delay], dtype=torch.int32))
         try:

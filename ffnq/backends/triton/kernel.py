@@ -360,6 +360,74 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.conste
 
 
 @triton.jit
+def _push_ll(peers, base, offs, m2, v, val, TP: tl.constexpr, INTERP: tl.constexpr):
+    """LL exchange: every bf16 of v [SP, C] to every rank's buffer (region offset ``base``, this
+    rank's slot) as one 8-byte word (val << 32 | bits): a reader that sees val in a word has its
+    value, so no fence and no flag. A faulted rank (val < 0) fences first: its fault_box notes
+    (written before) must be visible before any -e word."""
+    if val < 0:
+        _fence_sys(INTERP)
+    word = (val.to(tl.int64) << 32) | (v.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF)
+    for dst in tl.static_range(TP):
+        tl.store(_as(_peer_base(peers, dst), base, tl.int64) + offs, word, mask=m2)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _wait_ll(peers, fault, pid, rank, e, timeout_ns, tl_row, base, offs, m2, PHASE: tl.constexpr,
+             P_FBOX: tl.constexpr, TP: tl.constexpr, SLOT: tl.constexpr, SEEN0: tl.constexpr,
+             IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr):
+    """Sum over ranks, in rank order, of the LL words of this CTA's chunk in this rank's buffer
+    (src's slot at base + src x SLOT bytes), waiting (bounded, as _wait_peers) until every word of
+    every peer carries e or one carries -e. Returns the fp32 sum [SP, C]."""
+    mine = _peer_base(peers, rank)
+    t0 = now_u(IS_HIP, INTERP)
+    deadline = t0 + timeout_ns
+    if INTERP:  # no clock there: one look, then it counts as expired
+        deadline = t0 - 1
+    missing = tl.zeros((), tl.int32)
+    neg = tl.zeros((), tl.int32) - 1
+    acc = tl.zeros(offs.shape, tl.float32)
+    for src in tl.static_range(TP):
+        ptr = _as(mine, base + src * SLOT, tl.int64) + offs
+        v = tl.load(ptr, mask=m2, other=0, volatile=True)
+        if src != rank:  # this CTA's own words were stored by this CTA before its barrier
+            fl = (v >> 32).to(tl.int32)
+            bad = tl.sum(tl.where(m2 & (fl != e), 1, 0))
+            n = 0
+            while bad != 0:
+                if tl.sum(tl.where(m2 & (fl == -e), 1, 0)) != 0:
+                    bad = 0
+                else:
+                    if n % CHK == 0:
+                        t = now_u(IS_HIP, INTERP)
+                        if (t > deadline) | _rank_faulted(fault, e):
+                            deadline = t0 - 1
+                    if deadline < t0:
+                        bad = 0
+                    else:
+                        _backoff(IS_HIP, INTERP)
+                        v = tl.load(ptr, mask=m2, other=0, volatile=True)
+                        fl = (v >> 32).to(tl.int32)
+                        bad = tl.sum(tl.where(m2 & (fl != e), 1, 0))
+                        n += 1
+            nbad = tl.sum(tl.where(m2 & (fl != e), 1, 0))
+            if nbad != 0:
+                if tl.sum(tl.where(m2 & (fl == -e), 1, 0)) != 0:
+                    if neg < 0:
+                        neg = src
+                else:
+                    missing = missing | (1 << src)
+        acc += (v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+        _stamp(tl_row, SEEN0 + src, IS_HIP, INTERP, TIMELINE)
+    tl.debug_barrier()
+    if (missing != 0) | (neg >= 0):
+        _wait_fault(fault, peers, mine, e, PHASE, rank, missing, neg, now_u(IS_HIP, INTERP) - t0, pid, P_FBOX, TP,
+                    IS_HIP, INTERP)
+    return acc
+
+
+@triton.jit
 def _wait_fault(fault, peers, mine, e, PHASE: tl.constexpr, rank, missing, neg, waited, pid, P_FBOX: tl.constexpr,
                 TP: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
     """The fault record of a wait that missed ranks (``missing``) or saw -e from ``neg``."""
@@ -463,7 +531,7 @@ def ffn_kernel(
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
-    FENCE: tl.constexpr,
+    FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -534,11 +602,14 @@ def ffn_kernel(
                     _backoff(IS_HIP, INTERP)
                     t = now_u(IS_HIP, INTERP)
                 faulted = _rank_faulted(fault, e)  # other CTAs may have given up meanwhile
-        for dst in tl.static_range(TP):
-            seam = _as(_peer_base(peers, dst), P_SEAM + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
-            tl.store(seam + offs, p, mask=m2)
         val = tl.where(faulted, -e, e)
-        _publish(peers, pid, rank, val, PH_SEAM, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
+        if LL:
+            _push_ll(peers, P_SEAM_LL + ((par * TP + rank) * MT) * H * 8, offs, m2, p, val, TP, INTERP)
+        else:
+            for dst in tl.static_range(TP):
+                seam = _as(_peer_base(peers, dst), P_SEAM + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
+                tl.store(seam + offs, p, mask=m2)
+            _publish(peers, pid, rank, val, PH_SEAM, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
         _stamp(tl_row, C_SEAM_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 6):
         # this chunk's columns of the router [E, CH], loaded before the wait: its HBM latency
@@ -550,11 +621,15 @@ def ffn_kernel(
             xsig = _xsig(post_norm, H, HP2)
         offs = rows[:, None] * H + ccols[None, :]
         h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)  # so is the residual
-        _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
-                    C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
-        for src in tl.static_range(TP):  # rank order: every rank sums the same values the same way
-            seam = _as(mine, P_SEAM + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
-            h += tl.load(seam + offs, mask=m2, other=0.0).to(tl.float32)
+        if LL:  # rank order: every rank sums the same values the same way
+            h += _wait_ll(peers, fault, pid, rank, e, timeout_ns, tl_row, P_SEAM_LL + (par * TP * MT) * H * 8, offs,
+                          m2, PH_SEAM, P_FBOX, TP, MT * H * 8, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
+        else:
+            _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
+                        C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
+            for src in tl.static_range(TP):  # rank order: every rank sums the same values the same way
+                seam = _as(mine, P_SEAM + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
+                h += tl.load(seam + offs, mask=m2, other=0.0).to(tl.float32)
         tl.store(res_out + offs, h.to(tl.bfloat16), mask=m2)
         tl.store(_as(scratch, SC_H, tl.float32) + offs, h, mask=m2)
         if pid < NCH:
@@ -822,20 +897,27 @@ def ffn_kernel(
         _stamp(tl_row, C_EXPERTS_DONE, IS_HIP, INTERP, TIMELINE)
         offs = rows[:, None] * H + ccols[None, :]
         yb = y.to(tl.bfloat16)
-        for dst in tl.static_range(TP):
-            moe = _as(_peer_base(peers, dst), P_MOE + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
-            tl.store(moe + offs, yb, mask=m2)
         val = tl.where(_rank_faulted(fault, e), -e, e)
-        _publish(peers, pid, rank, val, PH_REDUCE, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
+        if LL:
+            _push_ll(peers, P_MOE_LL + ((par * TP + rank) * MT) * H * 8, offs, m2, yb, val, TP, INTERP)
+        else:
+            for dst in tl.static_range(TP):
+                moe = _as(_peer_base(peers, dst), P_MOE + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
+                tl.store(moe + offs, yb, mask=m2)
+            _publish(peers, pid, rank, val, PH_REDUCE, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
         _stamp(tl_row, C_RED_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 7):
-        _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_REDUCE, P_FLAGS, P_FBOX, TP, BLOCKS,
-                    C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
         offs = rows[:, None] * H + ccols[None, :]
-        o = tl.zeros((SP, CHP2), tl.float32)
-        for src in tl.static_range(TP):
-            moe = _as(mine, P_MOE + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
-            o += tl.load(moe + offs, mask=m2, other=0.0).to(tl.float32)
+        if LL:
+            o = _wait_ll(peers, fault, pid, rank, e, timeout_ns, tl_row, P_MOE_LL + (par * TP * MT) * H * 8, offs, m2,
+                         PH_REDUCE, P_FBOX, TP, MT * H * 8, C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
+        else:
+            _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_REDUCE, P_FLAGS, P_FBOX, TP, BLOCKS,
+                        C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
+            o = tl.zeros((SP, CHP2), tl.float32)
+            for src in tl.static_range(TP):
+                moe = _as(mine, P_MOE + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
+                o += tl.load(moe + offs, mask=m2, other=0.0).to(tl.float32)
         tl.store(out + offs, o.to(tl.bfloat16), mask=m2)
         _stamp(tl_row, C_RED_DONE, IS_HIP, INTERP, TIMELINE)
 
@@ -943,7 +1025,8 @@ def geometry(key) -> dict:
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90)
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
-                 PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)))
+                 PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
+                 LL=bool(tune.get("LL", 0)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -996,7 +1079,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
-             P_MOE=peer["moe"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
+             P_MOE=peer["moe"].offset, P_SEAM_LL=peer["seam_ll"].offset, P_MOE_LL=peer["moe_ll"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
              IS_HIP=bool(is_hip), INTERP=bool(interp), STAGE=int(stage), FINAL=bool(final))
     return g
 
