@@ -97,7 +97,8 @@ def test_fp8_stage_one_on_nvidia_only(monkeypatch):
 
 def test_launch_and_sync_choices(monkeypatch):
     """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
-    with one system fence; CDNA and the interpreter do neither (griddepcontrol and the fence are
+    with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;
+    CDNA and the interpreter do neither PDL nor the fence (griddepcontrol and the fence are
     PTX, HIP's launcher knows no launch_pdl); the counting grid barrier needs BLOCKS to divide
     2^32; stage-2 tiles have 64 rows at one or two tokens. FFNQ_TRITON_TUNE turns each back."""
     from ffnq.backends.triton import kernel as K
@@ -108,16 +109,18 @@ def test_launch_and_sync_choices(monkeypatch):
         return offline.constexprs_for(offline.build_key(spec, 2, Experts.ALL, s, blocks=blocks), hip, interp)
 
     cuda = cx(1)
-    assert cuda["PDL"] and cuda["FENCE"] and cuda["BAR"] and cuda["SORT"] and cuda["CHK"] == 8
+    assert cuda["PDL"] and cuda["FENCE"] and cuda["BAR"] and cuda["SORT"] and cuda["LL"] and cuda["CHK"] == 8
+    assert cx(1, interp=True)["LL"] and not cx(1, hip=True)["LL"]
     assert K.launch_options(cuda) == {"launch_cooperative_grid": True, "launch_pdl": True}
     for c in (cx(1, hip=True), cx(1, interp=True)):
         assert not c["PDL"] and not c["FENCE"] and c["BAR"]
         assert K.launch_options(c) == {"launch_cooperative_grid": True}
     assert [cx(s)["BH"] for s in (1, 2, 3, 16)] == [64, 64, 128, 128]
     assert cx(4, blocks=128)["BAR"] and not cx(4, blocks=192)["BAR"]
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,BAR=0,FENCE=0,CHK=1,SORT=0,BH=128")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,BAR=0,FENCE=0,CHK=1,SORT=0,BH=128,LL=0")
     v14 = cx(1)
-    assert not (v14["PDL"] or v14["BAR"] or v14["FENCE"] or v14["SORT"]) and (v14["CHK"], v14["BH"]) == (1, 128)
+    assert not (v14["PDL"] or v14["BAR"] or v14["FENCE"] or v14["SORT"] or v14["LL"])
+    assert (v14["CHK"], v14["BH"]) == (1, 128)
     assert K.launch_options(v14) == {"launch_cooperative_grid": True}
 
 
@@ -240,8 +243,11 @@ def test_interpreter_fault_protocol_tp2_in_one_process():
             f = rs[k].fault(2)
             assert f is not None and f["missing_ranks"] == [1], f
             assert int(rs[k].epoch[0]) == 1
-        flags = view(bufs[1], rs[0].peer_regions["flags"])
-        assert flags[0, 0].tolist() == [1, 1] and flags[1, 0, 0] == -1 and flags[2, 0, 0] == -1
+        # in rank 1's buffer: rank 0's seam words carry epoch 1 (it had not faulted when it
+        # pushed them), its reduce words -1 (it had), as does its handshake flag
+        tags = {n: view(bufs[1], rs[0].peer_regions[n])[1, 0, :2] >> 32 for n in ("seam_ll", "moe_ll")}
+        assert (tags["seam_ll"] == 1).all() and (tags["moe_ll"] == -1).all()
+        assert view(bufs[1], rs[0].peer_regions["flags"])[2, 0, 0] == -1
         assert view(bufs[1], rs[0].peer_regions["fault_box"])[0, :2].tolist() == [1, 2]
     finally:
         for b in bufs:

@@ -1023,10 +1023,10 @@ def geometry(key) -> dict:
     sacc = bool(tune.get("SACC", 1)) or f8
     f8 = f8 and H <= 448 ** 2
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
-    # programmatic dependent launch (sm_90)
+    # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
-                 LL=bool(tune.get("LL", 0)))
+                 LL=bool(tune.get("LL", 1)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -1078,6 +1078,8 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         g["F8"] = False
     if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
+    if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
+        g["LL"] = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, P_SEAM_LL=peer["seam_ll"].offset, P_MOE_LL=peer["moe_ll"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
              IS_HIP=bool(is_hip), INTERP=bool(interp), STAGE=int(stage), FINAL=bool(final))
