@@ -6,6 +6,7 @@ tables and writes a report folder. Exit 0 pass, 1 a case/threshold failed or a r
 """
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -112,7 +113,9 @@ def parse_baselines(text: str) -> dict:
 def _meta(opts, result=None) -> dict:
     from ffnq.report import git_commit, machine_info
 
-    return {"command": shlex.join(["ffnq", *sys.argv[1:]]), "machine": machine_info(), "git_commit": git_commit(),
+    # a development override of the Triton build is part of what ran: the command shows it
+    tune = [f"FFNQ_TRITON_TUNE={t}"] if (t := os.environ.get("FFNQ_TRITON_TUNE")) else []
+    return {"command": shlex.join([*tune, "ffnq", *sys.argv[1:]]), "machine": machine_info(), "git_commit": git_commit(),
             "config": opts.to_json() if hasattr(opts, "to_json") else opts,
             "torchrun": shlex.join(result.command) if result else None,
             "wall_s": round(result.wall_s, 2) if result else None}

@@ -4,9 +4,11 @@
 # Per variant: prewarm Triton's cache (parallel CPU compiles), TP2 minimax-m2 correctness at
 # widths 1..16 + the in-kernel phase profile (scripts/triton_device.py), then `ffnq bench` at
 # widths 1,2,4,8,16 (cold weights, floor and baselines in the same run). FFNQ_TRITON_TUNE (see
-# kernel._tune) passes through. Logs in $OUT/dev.log, bench reports in $OUT/reports.tgz.
+# kernel._tune) passes through. Logs in $OUT/dev.log, bench reports in $OUT/dev-reports.tgz
+# (not reports.tgz: gpu_round.sh writes that one, and a call may run both).
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/commit_guard.sh"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 OUT=${OUT:-/tmp/ffnq-out}
 R=$PWD/reports-dev
@@ -38,4 +40,4 @@ for v in "$@"; do
 done
 echo "dev round total $(( $(date +%s) - T0 ))s"
 } 2>&1 | tee "$OUT/dev.log"
-tar czf "$OUT/reports.tgz" -C "$PWD" reports-dev
+tar czf "$OUT/dev-reports.tgz" -C "$PWD" reports-dev
