@@ -428,6 +428,42 @@ def _wait_ll(peers, fault, pid, rank, e, timeout_ns, tl_row, base, offs, m2, PHA
 
 
 @triton.jit
+def _send(peers, pid, rank, par, v, val, offs, m2, P_BUF: tl.constexpr, P_LL: tl.constexpr, PHASE: tl.constexpr,
+          P_FLAGS: tl.constexpr, TP: tl.constexpr, MT: tl.constexpr, H: tl.constexpr, BLOCKS: tl.constexpr,
+          INTERP: tl.constexpr, FENCE: tl.constexpr, LL: tl.constexpr):
+    """One exchange's send: this CTA's chunk v [SP, C] (bf16) to this rank's slot on every rank,
+    tagged val (e, or -e after a fault): as LL words, or as values and then one flag per peer."""
+    if LL:
+        _push_ll(peers, P_LL + ((par * TP + rank) * MT) * H * 8, offs, m2, v, val, TP, INTERP)
+    else:
+        for dst in tl.static_range(TP):
+            tl.store(_as(_peer_base(peers, dst), P_BUF + ((par * TP + rank) * MT) * H * 2, tl.bfloat16) + offs, v,
+                     mask=m2)
+        _publish(peers, pid, rank, val, PHASE, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
+
+
+@triton.jit
+def _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_BUF: tl.constexpr, P_LL: tl.constexpr,
+            PHASE: tl.constexpr, P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, TP: tl.constexpr, MT: tl.constexpr,
+            H: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
+            TIMELINE: tl.constexpr, CHK: tl.constexpr, LL: tl.constexpr):
+    """The matching receive, after a bounded wait: the fp32 sum of every rank's chunk in rank
+    order (every rank sums the same values the same way)."""
+    if LL:
+        acc = _wait_ll(peers, fault, pid, rank, e, timeout_ns, tl_row, P_LL + (par * TP * MT) * H * 8, offs, m2,
+                       PHASE, P_FBOX, TP, MT * H * 8, SEEN0, IS_HIP, INTERP, TIMELINE, CHK)
+    else:
+        _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE, P_FLAGS, P_FBOX, TP, BLOCKS, SEEN0,
+                    IS_HIP, INTERP, TIMELINE, CHK)
+        mine = _peer_base(peers, rank)
+        acc = tl.zeros(offs.shape, tl.float32)
+        for src in tl.static_range(TP):
+            buf = _as(mine, P_BUF + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
+            acc += tl.load(buf + offs, mask=m2, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _wait_fault(fault, peers, mine, e, PHASE: tl.constexpr, rank, missing, neg, waited, pid, P_FBOX: tl.constexpr,
                 TP: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
     """The fault record of a wait that missed ranks (``missing``) or saw -e from ``neg``."""
@@ -575,7 +611,6 @@ def ffn_kernel(
     rmask_r = rows_r < S
     ecols = tl.arange(0, EP2)
     evalid = ecols < E
-    mine = _peer_base(peers, rank)
 
     if F8 & ((STAGE == 2) | (STAGE == 3)):  # a staged launch of phase B or stage 1: x's range here
         xsig = _xsig(post_norm, H, HP2)
@@ -602,14 +637,8 @@ def ffn_kernel(
                     _backoff(IS_HIP, INTERP)
                     t = now_u(IS_HIP, INTERP)
                 faulted = _rank_faulted(fault, e)  # other CTAs may have given up meanwhile
-        val = tl.where(faulted, -e, e)
-        if LL:
-            _push_ll(peers, P_SEAM_LL + ((par * TP + rank) * MT) * H * 8, offs, m2, p, val, TP, INTERP)
-        else:
-            for dst in tl.static_range(TP):
-                seam = _as(_peer_base(peers, dst), P_SEAM + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
-                tl.store(seam + offs, p, mask=m2)
-            _publish(peers, pid, rank, val, PH_SEAM, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
+        _send(peers, pid, rank, par, p, tl.where(faulted, -e, e), offs, m2, P_SEAM, P_SEAM_LL, PH_SEAM, P_FLAGS, TP,
+              MT, H, BLOCKS, INTERP, FENCE, LL)
         _stamp(tl_row, C_SEAM_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 6):
         # this chunk's columns of the router [E, CH], loaded before the wait: its HBM latency
@@ -621,15 +650,8 @@ def ffn_kernel(
             xsig = _xsig(post_norm, H, HP2)
         offs = rows[:, None] * H + ccols[None, :]
         h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)  # so is the residual
-        if LL:  # rank order: every rank sums the same values the same way
-            h += _wait_ll(peers, fault, pid, rank, e, timeout_ns, tl_row, P_SEAM_LL + (par * TP * MT) * H * 8, offs,
-                          m2, PH_SEAM, P_FBOX, TP, MT * H * 8, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
-        else:
-            _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_SEAM, P_FLAGS, P_FBOX, TP, BLOCKS,
-                        C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
-            for src in tl.static_range(TP):  # rank order: every rank sums the same values the same way
-                seam = _as(mine, P_SEAM + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
-                h += tl.load(seam + offs, mask=m2, other=0.0).to(tl.float32)
+        h += _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_SEAM, P_SEAM_LL, PH_SEAM, P_FLAGS,
+                     P_FBOX, TP, MT, H, BLOCKS, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
         tl.store(res_out + offs, h.to(tl.bfloat16), mask=m2)
         tl.store(_as(scratch, SC_H, tl.float32) + offs, h, mask=m2)
         if pid < NCH:
@@ -897,27 +919,13 @@ def ffn_kernel(
         _stamp(tl_row, C_EXPERTS_DONE, IS_HIP, INTERP, TIMELINE)
         offs = rows[:, None] * H + ccols[None, :]
         yb = y.to(tl.bfloat16)
-        val = tl.where(_rank_faulted(fault, e), -e, e)
-        if LL:
-            _push_ll(peers, P_MOE_LL + ((par * TP + rank) * MT) * H * 8, offs, m2, yb, val, TP, INTERP)
-        else:
-            for dst in tl.static_range(TP):
-                moe = _as(_peer_base(peers, dst), P_MOE + ((par * TP + rank) * MT) * H * 2, tl.bfloat16)
-                tl.store(moe + offs, yb, mask=m2)
-            _publish(peers, pid, rank, val, PH_REDUCE, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
+        _send(peers, pid, rank, par, yb, tl.where(_rank_faulted(fault, e), -e, e), offs, m2, P_MOE, P_MOE_LL, PH_REDUCE,
+              P_FLAGS, TP, MT, H, BLOCKS, INTERP, FENCE, LL)
         _stamp(tl_row, C_RED_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 7):
         offs = rows[:, None] * H + ccols[None, :]
-        if LL:
-            o = _wait_ll(peers, fault, pid, rank, e, timeout_ns, tl_row, P_MOE_LL + (par * TP * MT) * H * 8, offs, m2,
-                         PH_REDUCE, P_FBOX, TP, MT * H * 8, C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
-        else:
-            _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_REDUCE, P_FLAGS, P_FBOX, TP, BLOCKS,
-                        C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
-            o = tl.zeros((SP, CHP2), tl.float32)
-            for src in tl.static_range(TP):
-                moe = _as(mine, P_MOE + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
-                o += tl.load(moe + offs, mask=m2, other=0.0).to(tl.float32)
+        o = _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_MOE, P_MOE_LL, PH_REDUCE, P_FLAGS,
+                    P_FBOX, TP, MT, H, BLOCKS, C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
         tl.store(out + offs, o.to(tl.bfloat16), mask=m2)
         _stamp(tl_row, C_RED_DONE, IS_HIP, INTERP, TIMELINE)
 
