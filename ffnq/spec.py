@@ -186,7 +186,7 @@ def peer_layout(model: ModelSpec, tp: int, blocks: int) -> dict[str, Region]:
         ("epoch", torch.int32, (EPOCH_WORDS,)),
         ("seam", torch.bfloat16, rows),
         ("moe", torch.bfloat16, rows),
-        # the same exchanges as flagged words (Triton LL): each value beside its epoch in one
+        # the same exchanges as tagged words (Triton LL): each value beside its epoch in one
         # 8-byte store, so a reader polls the data itself and a writer needs no fence or flag
         ("seam_ll", torch.int64, rows),
         ("moe_ll", torch.int64, rows),

@@ -217,10 +217,13 @@ def test_interpreter_row_topk_and_split_k(monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-def test_interpreter_fault_protocol_tp2_in_one_process():
+@pytest.mark.parametrize("ll", [1, 0])
+def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
     """Rank 0 runs alone: its seam wait expires (the interpreter has no clock: one look), it
     records rank 1 as missing, notes it in every fault_box and publishes -e later; rank 1 then
-    learns from its fault_box that it was the missing one. Both launches end and move the epoch."""
+    learns from its fault_box that it was the missing one. Both launches end and move the epoch.
+    Both exchanges: tagged words (LL, the default) and values + flags (LL=0, as on CDNA)."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", f"LL={ll}")
     import torch
     from ffnq.backends.triton import TritonRunner
     from ffnq.spec import view
@@ -243,11 +246,15 @@ def test_interpreter_fault_protocol_tp2_in_one_process():
             f = rs[k].fault(2)
             assert f is not None and f["missing_ranks"] == [1], f
             assert int(rs[k].epoch[0]) == 1
-        # in rank 1's buffer: rank 0's seam words carry epoch 1 (it had not faulted when it
-        # pushed them), its reduce words -1 (it had), as does its handshake flag
-        tags = {n: view(bufs[1], rs[0].peer_regions[n])[1, 0, :2] >> 32 for n in ("seam_ll", "moe_ll")}
-        assert (tags["seam_ll"] == 1).all() and (tags["moe_ll"] == -1).all()
-        assert view(bufs[1], rs[0].peer_regions["flags"])[2, 0, 0] == -1
+        # in rank 1's buffer: rank 0's seam tags are epoch 1 (it had not faulted when it pushed),
+        # its reduce tags -1 (it had), as is its handshake flag
+        flags = view(bufs[1], rs[0].peer_regions["flags"])
+        if ll:
+            tags = {n: view(bufs[1], rs[0].peer_regions[n])[1, 0, :2] >> 32 for n in ("seam_ll", "moe_ll")}
+            assert (tags["seam_ll"] == 1).all() and (tags["moe_ll"] == -1).all()
+        else:
+            assert flags[0, 0].tolist() == [1, 1] and flags[1, 0, 0] == -1
+        assert flags[2, 0, 0] == -1
         assert view(bufs[1], rs[0].peer_regions["fault_box"])[0, :2].tolist() == [1, 2]
     finally:
         for b in bufs:
@@ -255,10 +262,13 @@ def test_interpreter_fault_protocol_tp2_in_one_process():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("experts", [Experts.ALL, Experts.LOCAL, Experts.NONE])
-def test_interpreter_tp2_stage_by_stage_matches_reference(experts):
+@pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
+                                          (Experts.ALL, "LL=0")])
+def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
-    the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2."""
+    the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
+    and once with the flagged exchanges (LL=0, CDNA's)."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner

@@ -1089,7 +1089,8 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
         g["LL"] = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
-             P_MOE=peer["moe"].offset, P_SEAM_LL=peer["seam_ll"].offset, P_MOE_LL=peer["moe_ll"].offset, NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
+             P_MOE=peer["moe"].offset, P_SEAM_LL=peer["seam_ll"].offset, P_MOE_LL=peer["moe_ll"].offset,
+             NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
              IS_HIP=bool(is_hip), INTERP=bool(interp), STAGE=int(stage), FINAL=bool(final))
     return g
 
