@@ -103,3 +103,13 @@ def test_qualify_tp2_with_injection_end_to_end(tmp_path):
     assert (rep / "timeline.png").stat().st_size > 1000
     r = ffnq("report", rep)
     assert r.returncode == 0 and "inject-over r0" in r.stdout
+
+
+def test_report_command_names_a_triton_tune_override(monkeypatch):
+    """A development override changes the compiled kernel, so the report's command shows it."""
+    from ffnq.cli import _meta
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+    monkeypatch.setattr("sys.argv", ["ffnq", "bench", "--backend", "triton"])
+    assert _meta({})["command"] == "ffnq bench --backend triton"
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "LL=0,BH=128")
+    assert _meta({})["command"] == "FFNQ_TRITON_TUNE=LL=0,BH=128 ffnq bench --backend triton"
