@@ -314,13 +314,40 @@ def _publish(peers, pid, rank, val, PHASE: tl.constexpr, P_FLAGS: tl.constexpr, 
 
 
 @triton.jit
-def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.constexpr, P_FLAGS: tl.constexpr,
-               P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr,
-               IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr):
-    """Wait for flags[PHASE][pid][src] == e for every peer src on this rank's buffer, bounded.
-    A flag already there costs one acquire poll; this CTA's own flag none (it wrote it, before the
-    CTA barrier in _publish); the clock and the fault marker are read only once a flag is late,
-    then every CHK polls, so a rank that has faulted in this launch takes one look only."""
+def _read(ptr, m2, LL: tl.constexpr):
+    """One look at a peer's arrival: its flag (an acquire poll) or (LL) its tagged words."""
+    if LL:
+        v = tl.load(ptr, mask=m2, other=0, volatile=True)
+    else:
+        v = _poll(ptr, "acquire")
+    return v
+
+
+@triton.jit
+def _tag(v, m2, e, LL: tl.constexpr):
+    """What a look saw: the flag itself; LL: e once every word carries e, -e if one carries -e
+    (the peer faulted), else 0 (not yet)."""
+    t = v
+    if LL:
+        fl = (v >> 32).to(tl.int32)
+        late = tl.sum(tl.where(m2 & (fl != e), 1, 0))
+        t = e + late * 0
+        if late != 0:
+            t = tl.where(tl.sum(tl.where(m2 & (fl == -e), 1, 0)) != 0, -e, 0)
+    return t
+
+
+@triton.jit
+def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, base, PHASE: tl.constexpr,
+                P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr,
+                SLOT: tl.constexpr, SEEN0: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
+                TIMELINE: tl.constexpr, CHK: tl.constexpr, LL: tl.constexpr):
+    """Wait for every peer's arrival on this rank's buffer, bounded: flags[PHASE][pid][src] == e,
+    or (LL) every tagged word of this CTA's chunk ``offs`` in src's slot (base + src x SLOT bytes)
+    carrying e. An arrival already there costs one look; this CTA's own none (it wrote it, before
+    the CTA barrier of its send); the clock and the fault marker are read only once a peer is late,
+    then every CHK looks, so a rank that has faulted in this launch takes one look only. LL:
+    returns the chunk's values summed over ranks in rank order (the same sum on every rank)."""
     mine = _peer_base(peers, rank)
     t0 = now_u(IS_HIP, INTERP)
     deadline = t0 + timeout_ns
@@ -328,11 +355,16 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.conste
         deadline = t0 - 1
     missing = tl.zeros((), tl.int32)
     neg = tl.zeros((), tl.int32) - 1
+    acc = tl.zeros(offs.shape, tl.float32)
     for src in tl.static_range(TP):
+        if LL:
+            p = _as(mine, base + src * SLOT, tl.int64) + offs
+        else:
+            p = _as(mine, P_FLAGS + ((PHASE * BLOCKS + pid) * TP + src) * 4, tl.int32)
         if src != rank:
-            f = _as(mine, P_FLAGS + ((PHASE * BLOCKS + pid) * TP + src) * 4, tl.int32)
-            v = _poll(f, "acquire")
-            done = (v == e) | (v == -e)
+            v = _read(p, m2, LL)
+            tag = _tag(v, m2, e, LL)
+            done = (tag == e) | (tag == -e)
             n = 0
             while not done:
                 if n % CHK == 0:  # first at once: a rank that has faulted takes one look only
@@ -343,20 +375,26 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE: tl.conste
                     done = True
                 else:
                     _backoff(IS_HIP, INTERP)
-                    v = _poll(f, "acquire")
-                    done = (v == e) | (v == -e)
+                    v = _read(p, m2, LL)
+                    tag = _tag(v, m2, e, LL)
+                    done = (tag == e) | (tag == -e)
                     n += 1
-            if v != e:
-                if v == -e:
+            if tag != e:
+                if tag == -e:
                     if neg < 0:
                         neg = src
                 else:
                     missing = missing | (1 << src)
+        elif LL:
+            v = _read(p, m2, LL)
+        if LL:
+            acc += (v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
         _stamp(tl_row, SEEN0 + src, IS_HIP, INTERP, TIMELINE)
     tl.debug_barrier()
     if (missing != 0) | (neg >= 0):
         _wait_fault(fault, peers, mine, e, PHASE, rank, missing, neg, now_u(IS_HIP, INTERP) - t0, pid, P_FBOX, TP,
                     IS_HIP, INTERP)
+    return acc
 
 
 @triton.jit
@@ -371,60 +409,6 @@ def _push_ll(peers, base, offs, m2, v, val, TP: tl.constexpr, INTERP: tl.constex
     for dst in tl.static_range(TP):
         tl.store(_as(_peer_base(peers, dst), base, tl.int64) + offs, word, mask=m2)
     tl.debug_barrier()
-
-
-@triton.jit
-def _wait_ll(peers, fault, pid, rank, e, timeout_ns, tl_row, base, offs, m2, PHASE: tl.constexpr,
-             P_FBOX: tl.constexpr, TP: tl.constexpr, SLOT: tl.constexpr, SEEN0: tl.constexpr,
-             IS_HIP: tl.constexpr, INTERP: tl.constexpr, TIMELINE: tl.constexpr, CHK: tl.constexpr):
-    """Sum over ranks, in rank order, of the LL words of this CTA's chunk in this rank's buffer
-    (src's slot at base + src x SLOT bytes), waiting (bounded, as _wait_peers) until every word of
-    every peer carries e or one carries -e. Returns the fp32 sum [SP, C]."""
-    mine = _peer_base(peers, rank)
-    t0 = now_u(IS_HIP, INTERP)
-    deadline = t0 + timeout_ns
-    if INTERP:  # no clock there: one look, then it counts as expired
-        deadline = t0 - 1
-    missing = tl.zeros((), tl.int32)
-    neg = tl.zeros((), tl.int32) - 1
-    acc = tl.zeros(offs.shape, tl.float32)
-    for src in tl.static_range(TP):
-        ptr = _as(mine, base + src * SLOT, tl.int64) + offs
-        v = tl.load(ptr, mask=m2, other=0, volatile=True)
-        if src != rank:  # this CTA's own words were stored by this CTA before its barrier
-            fl = (v >> 32).to(tl.int32)
-            bad = tl.sum(tl.where(m2 & (fl != e), 1, 0))
-            n = 0
-            while bad != 0:
-                if tl.sum(tl.where(m2 & (fl == -e), 1, 0)) != 0:
-                    bad = 0
-                else:
-                    if n % CHK == 0:
-                        t = now_u(IS_HIP, INTERP)
-                        if (t > deadline) | _rank_faulted(fault, e):
-                            deadline = t0 - 1
-                    if deadline < t0:
-                        bad = 0
-                    else:
-                        _backoff(IS_HIP, INTERP)
-                        v = tl.load(ptr, mask=m2, other=0, volatile=True)
-                        fl = (v >> 32).to(tl.int32)
-                        bad = tl.sum(tl.where(m2 & (fl != e), 1, 0))
-                        n += 1
-            nbad = tl.sum(tl.where(m2 & (fl != e), 1, 0))
-            if nbad != 0:
-                if tl.sum(tl.where(m2 & (fl == -e), 1, 0)) != 0:
-                    if neg < 0:
-                        neg = src
-                else:
-                    missing = missing | (1 << src)
-        acc += (v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
-        _stamp(tl_row, SEEN0 + src, IS_HIP, INTERP, TIMELINE)
-    tl.debug_barrier()
-    if (missing != 0) | (neg >= 0):
-        _wait_fault(fault, peers, mine, e, PHASE, rank, missing, neg, now_u(IS_HIP, INTERP) - t0, pid, P_FBOX, TP,
-                    IS_HIP, INTERP)
-    return acc
 
 
 @triton.jit
@@ -449,14 +433,10 @@ def _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_BUF
             TIMELINE: tl.constexpr, CHK: tl.constexpr, LL: tl.constexpr):
     """The matching receive, after a bounded wait: the fp32 sum of every rank's chunk in rank
     order (every rank sums the same values the same way)."""
-    if LL:
-        acc = _wait_ll(peers, fault, pid, rank, e, timeout_ns, tl_row, P_LL + (par * TP * MT) * H * 8, offs, m2,
-                       PHASE, P_FBOX, TP, MT * H * 8, SEEN0, IS_HIP, INTERP, TIMELINE, CHK)
-    else:
-        _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PHASE, P_FLAGS, P_FBOX, TP, BLOCKS, SEEN0,
-                    IS_HIP, INTERP, TIMELINE, CHK)
+    acc = _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, P_LL + (par * TP * MT) * H * 8, PHASE,
+                      P_FLAGS, P_FBOX, TP, BLOCKS, MT * H * 8, SEEN0, IS_HIP, INTERP, TIMELINE, CHK, LL)
+    if not LL:
         mine = _peer_base(peers, rank)
-        acc = tl.zeros(offs.shape, tl.float32)
         for src in tl.static_range(TP):
             buf = _as(mine, P_BUF + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
             acc += tl.load(buf + offs, mask=m2, other=0.0).to(tl.float32)
@@ -936,8 +916,8 @@ def ffn_kernel(
             _stamp(tl_row, C_HS_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 8):
         if FINAL:
-            _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, PH_HANDSHAKE, P_FLAGS, P_FBOX, TP,
-                        BLOCKS, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK)
+            _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, m2, m2, 0, PH_HANDSHAKE, P_FLAGS, P_FBOX, TP,
+                        BLOCKS, 0, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK, False)  # a flag: no chunk
             _stamp(tl_row, C_HS_DONE, IS_HIP, INTERP, TIMELINE)
         _stamp(tl_row, C_END, IS_HIP, INTERP, TIMELINE)
         if STAGE != 0:
