@@ -544,7 +544,7 @@ def ffn_kernel(
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
     SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
-    SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
+    SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NS2: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr,
@@ -859,7 +859,7 @@ def ffn_kernel(
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
                 _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                 yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                for k0 in tl.range(0, I_R, 128, num_stages=NS):
+                for k0 in tl.range(0, I_R, 128, num_stages=NS2):
                     a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
                                 mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                     wq = tl.load(wbase + k0 + ki[None, :])
@@ -1018,7 +1018,8 @@ def geometry(key) -> dict:
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
-    return dict(BH=bh, JB=jb, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
+    ns = tune.get("NS", NUM_STAGES_EXPERTS)
+    return dict(BH=bh, JB=jb, NS=ns, NS2=tune.get("NS2", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
@@ -1059,7 +1060,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
           "SC_RPART": "rpart"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
-        g["NS"] = NUM_STAGES_HIP
+        g["NS"] = g["NS2"] = NUM_STAGES_HIP
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
