@@ -544,7 +544,7 @@ def ffn_kernel(
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
     SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
-    SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, BHP2: tl.constexpr, BHM: tl.constexpr, BHS: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NS2: tl.constexpr, NCOL: tl.constexpr,
+    SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr,
@@ -730,7 +730,7 @@ def ffn_kernel(
     sync = _as(scratch, SC_SYNC, tl.int32)  # [NSL] stage-1 tiles done per slot, [NHT] stage-2 items done per H tile, [NSL*NT] split-K arrivals
     meta = _as(scratch, SC_META, tl.int32)
     NT: tl.constexpr = I_R // BN
-    NHT: tl.constexpr = (H + BH - 1) // BH
+    NHT: tl.constexpr = H // BH
     KSTEP: tl.constexpr = H // KS
     if (STAGE == 0) | (STAGE == 3):
         _stamp(sub_row, 2, IS_HIP, INTERP, TIMELINE)
@@ -843,7 +843,7 @@ def ffn_kernel(
             ecta = _as(scratch, SC_ECTA, tl.int32) + pid * EP2  # this CTA's own list (phase C)
             ypart = _as(scratch, SC_YPART, tl.float32)
             ki = tl.arange(0, 128)
-            hh = tl.arange(0, BHP2)
+            hh = tl.arange(0, BH)
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
             w = pid
             if w < n1:
@@ -855,29 +855,17 @@ def ffn_kernel(
                 le = ej.to(tl.int64)
                 if MODE == 1:
                     le = (ej - first_expert).to(tl.int64)
-                hr = t * BH + hh  # this tile's rows of w2 (columns of the output)
-                hm = (hh < BH) & (hr < H)
-                wbase = w2 + le * (H * I_R) + hr[:, None] * I_R
-                if BHS:  # a tile that crosses 128-row scale blocks: one scale per row
-                    sbase = s2 + le * ((H // 128) * (I_R // 128)) + (hr // 128)[:, None] * (I_R // 128)
-                else:
-                    sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
+                wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
+                sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
                 _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
-                yt = tl.zeros((BHP2, SP), tl.float32)  # transposed: [H columns, tokens]
-                for k0 in tl.range(0, I_R, 128, num_stages=NS2):
+                yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
+                for k0 in tl.range(0, I_R, 128, num_stages=NS):
                     a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
                                 mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                    if BHM:
-                        wq = tl.load(wbase + k0 + ki[None, :], mask=hm[:, None], other=0.0)
-                    else:
-                        wq = tl.load(wbase + k0 + ki[None, :])
-                    if BHS:
-                        sc = tl.load(sbase + k0 // 128, mask=hm[:, None], other=0.0)
-                    else:
-                        sc = tl.load(sbase + k0 // 128)
-                    yt = _mma_sc(wq, sc * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                    wq = tl.load(wbase + k0 + ki[None, :])
+                    yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
                 tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt * (1.0 / SHIFT),
-                         mask=rmask[None, :] & hm[:, None])
+                         mask=rmask[None, :])
                 tl.debug_barrier()
                 tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
                 w += BLOCKS
@@ -1027,18 +1015,10 @@ def geometry(key) -> dict:
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)))
-    if bh < 16 or bh % 16 or bh < ch:
-        raise ValueError(f"FFNQ_TRITON_TUNE BH={bh}: must be a multiple of 16 and at least the {ch}-column chunk")
-    nsl, nht = max(1, nslot), -(-H // bh)
+    nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
-    ns = tune.get("NS", NUM_STAGES_EXPERTS)
-    # BHP2: the tile's arange (a power of two, >= the MMA's 64 rows); BHM: rows masked (a tile
-    # that is not a power of two, or the last one past H); BHS: one scale per row (a tile that
-    # crosses the 128-row scale blocks)
-    bhp2 = max(64, _p2(bh))
-    return dict(BH=bh, BHP2=bhp2, BHM=bh != bhp2 or H % bh != 0, BHS=128 % bh != 0 and bh % 128 != 0,
-                JB=jb, NS=ns, NS2=tune.get("NS2", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
+    return dict(BH=bh, JB=jb, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
@@ -1079,7 +1059,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
           "SC_RPART": "rpart"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
-        g["NS"] = g["NS2"] = NUM_STAGES_HIP
+        g["NS"] = NUM_STAGES_HIP
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
