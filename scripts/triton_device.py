@@ -136,6 +136,12 @@ def profile(rt, spec, sets, dev):
         for (_, a), (name, b) in zip(seq, seq[1:]):
             row[name] = round(float((b - a).median()) / 1e3, 2)
         row["total"] = round(float((seq[-1][1] - seq[0][1]).median()) / 1e3, 2)
+        # a CTA's first stage-2 item: its wait for the expert's stage 1 (from the CTA's own stage-1
+        # end), then the item itself (kernel stamps 8 and 9; CTAs without an item left out)
+        s2 = sub[:, 9] >= sub[:, 3]
+        if s2.any():
+            row["s2_wait"] = round(float((sub[s2, 8] - sub[s2, 3]).median()) / 1e3, 2)
+            row["s2_item"] = round(float((sub[s2, 9] - sub[s2, 8]).median()) / 1e3, 2)
         # the two exchanges split: push + publish, wait for the last peer's flag, the rest
         for key, ph, before in (("seam", "seam", "start"), ("red", "reduce", "experts_done")):
             arrive = t[:, cols[f"{ph}_arrive"]]
@@ -144,6 +150,8 @@ def profile(rt, spec, sets, dev):
                                ("rest", seen, t[:, cols[f"{ph}_done"]])):
                 row[f"{key}_{name}"] = round(float((b - a).median()) / 1e3, 2)
         row["latest"] = {name: round((float(v.max()) - t0) / 1e3, 1) for name, v in seq[1:]}
+        if s2.any():
+            row["latest"]["s2_waited"] = round((float(sub[s2, 8].max()) - t0) / 1e3, 1)
         span = (float(end.max()) - float(start.min())) / 1e3
         row["launch_us"] = round(statistics.median(ts), 2)
         row["span"] = round(span, 2)
