@@ -494,9 +494,8 @@ def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constex
                 CHK: tl.constexpr):
     """Wait until the GPU-local counter *ptr reaches target."""
     v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    v = _spin_count(ptr, v, 0, target, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
+    _spin_count(ptr, v, 0, target, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
     tl.debug_barrier()
-    return v
 
 
 @triton.jit
@@ -521,7 +520,6 @@ def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.c
                 t = now_u(IS_HIP, INTERP)
         if v - base < need:
             _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
-    return v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,7 +547,7 @@ def ffn_kernel(
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
-    FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PEEL: tl.constexpr,
+    FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -860,21 +858,12 @@ def ffn_kernel(
                     le = (ej - first_expert).to(tl.int64)
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
-                if PEEL:  # the first K block's weights do not depend on stage 1: in flight during the wait
-                    wq0 = tl.load(wbase + ki[None, :])
-                    sc0 = tl.load(sbase)
-                seen = _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
+                _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
                 yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                if PEEL:
-                    a0 = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + ki[:, None],
-                                 mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                    # (a select on the count seen keeps the operand's relayout through shared
-                    # memory, which needs the loaded bytes, after the wait, not before it)
-                    yt = _mma_sc(tl.where(seen >= NT, wq0, 0.0), sc0 * SHIFT, a0, yt, INTERP, IS_HIP, SACC)
-                for k0 in tl.range(128 if PEEL else 0, I_R, 128, num_stages=NS):
+                for k0 in tl.range(0, I_R, 128, num_stages=NS):
                     a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
                                 mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                     wq = tl.load(wbase + k0 + ki[None, :])
@@ -1029,11 +1018,10 @@ def geometry(key) -> dict:
     sacc = bool(tune.get("SACC", 1)) or f8
     f8 = f8 and H <= 448 ** 2
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
-    # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words;
-    # PEEL: a stage-2 item loads its first K block of weights before it waits for stage 1
+    # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
-                 LL=bool(tune.get("LL", 1)), PEEL=bool(tune.get("PEEL", 0)) and bh <= 64)  # a 128-row tile held over the wait spills
+                 LL=bool(tune.get("LL", 1)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
