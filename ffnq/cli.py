@@ -113,8 +113,10 @@ def parse_baselines(text: str) -> dict:
 def _meta(opts, result=None) -> dict:
     from ffnq.report import git_commit, machine_info
 
-    # a development override of the Triton build is part of what ran: the command shows it
-    tune = [f"FFNQ_TRITON_TUNE={t}"] if (t := os.environ.get("FFNQ_TRITON_TUNE")) else []
+    # a development override of the Triton build, and the fetched vLLM kernel and its launch
+    # config of baseline (d), are part of what ran: the command shows them
+    tune = [f"{k}={v}" for k in ("FFNQ_TRITON_TUNE", "FFNQ_VLLM_MOE", "FFNQ_VLLM_MOE_CONFIG")
+            if (v := os.environ.get(k))]
     return {"command": shlex.join([*tune, "ffnq", *sys.argv[1:]]), "machine": machine_info(), "git_commit": git_commit(),
             "config": opts.to_json() if hasattr(opts, "to_json") else opts,
             "torchrun": shlex.join(result.command) if result else None,
@@ -234,7 +236,9 @@ def bench(
     baselines: Annotated[str, typer.Option(help="auto (cpu: unfused; GPU: unfused = NCCL + torch._grouped_mm "
                                            "composition and, at tp > 1, stock = the same with the symm-mem "
                                            "one-shot all-reduce), none, or a list of unfused, stock, "
-                                           "stock-nccl, stock-symm",
+                                           "stock-nccl, stock-symm, vllm (the NCCL composition with vLLM's "
+                                           "fused_moe kernel for the experts; FFNQ_VLLM_MOE names a fetched "
+                                           "copy of it)",
                                            rich_help_panel=JOB)] = "auto",
     phase_split: Annotated[bool, typer.Option("--phase-split", help="also time the kernel with --experts none: "
                                               "none_p50_us (seam + router + reduce) and experts_us = p50 - that",

@@ -29,7 +29,7 @@ from ffnq.errors import UsageError
 from ffnq.spec import Experts, load_model
 
 GPU_BACKENDS = ("triton", "flydsl")
-BASELINES = ("unfused", "stock-nccl", "stock-symm")
+BASELINES = ("unfused", "stock", "stock-nccl", "stock-symm", "vllm")
 SETUP_S = 90.0  # interpreter + torch import + process group + weights, per job, on a slow 2-core host
 MAX_INJECT_NS = 2**31 - 1  # inject ticks are int32
 
@@ -155,10 +155,17 @@ def validate(opts: JobOptions) -> JobOptions:
     bad = [b for b in opts.baselines if b not in BASELINES]
     if bad:
         raise UsageError(f"--baselines {bad[0]!r}: allowed auto, none, or a list of {', '.join(BASELINES)}")
-    if "stock-symm" in opts.baselines and (opts.tp < 2 or opts.backend not in GPU_BACKENDS):
-        raise UsageError("--baselines stock-symm: needs a GPU backend and --tp >= 2 (symmetric memory)")
-    if any(b.startswith("stock-") for b in opts.baselines) and opts.experts == "none":
-        raise UsageError("--baselines stock-*: the stock composition needs --experts all or local")
+    if "vllm" in opts.baselines:
+        if opts.backend not in GPU_BACKENDS:
+            raise UsageError("--baselines vllm: needs a GPU backend (vLLM's fused_moe is a Triton GPU kernel)")
+        from ffnq.vllm_moe import kernel_path
+
+        kernel_path()  # a one-line error before any rank starts when the fetched copy is missing
+    for b in ("stock", "stock-symm"):
+        if b in opts.baselines and (opts.tp < 2 or opts.backend not in GPU_BACKENDS):
+            raise UsageError(f"--baselines {b}: needs a GPU backend and --tp >= 2 (symmetric memory)")
+    if any(b.startswith("stock") or b == "vllm" for b in opts.baselines) and opts.experts == "none":
+        raise UsageError("--baselines stock*/vllm: the composition needs --experts all or local")
     for name in ("kill_rank", "hang_rank"):
         r = getattr(opts, name)
         if r is not None and not 0 <= r < opts.tp:

@@ -27,16 +27,19 @@ class Stock:
         self.spec, self.tp, self.w, self.allreduce = spec, tp, w, allreduce
         self.first = w.first_expert if experts is Experts.LOCAL else 0
         self.n = w.w13.shape[0]
-        # grouped GEMM wants [G, K, N]: x [pairs, K] @ w[g] -> [pairs, N]
-        self.w13 = dequant(w.w13, w.s13, spec.block, torch.bfloat16).transpose(1, 2).contiguous()
-        self.w2 = dequant(w.w2, w.s2, spec.block, torch.bfloat16).transpose(1, 2).contiguous()
-        self.half = self.w13.shape[2] // 2
+        self._prepare(w)
         self.device = torch.device(device)
         self.group = dist.group.WORLD.group_name if tp > 1 else None
         if tp > 1 and allreduce == "symm":
             import torch.distributed._symmetric_memory as symm_mem
             self.stage = symm_mem.empty(spec.max_tokens * spec.hidden, dtype=torch.bfloat16, device=self.device)
             symm_mem.rendezvous(self.stage, self.group)
+
+    def _prepare(self, w: RankWeights) -> None:
+        # grouped GEMM wants [G, K, N]: x [pairs, K] @ w[g] -> [pairs, N]
+        self.w13 = dequant(w.w13, w.s13, self.spec.block, torch.bfloat16).transpose(1, 2).contiguous()
+        self.w2 = dequant(w.w2, w.s2, self.spec.block, torch.bfloat16).transpose(1, 2).contiguous()
+        self.half = self.w13.shape[2] // 2
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         if self.tp == 1:
@@ -60,15 +63,21 @@ class Stock:
         local = idx - self.first
         keep = (local >= 0) & (local < self.n) & (slots[:s] >= 0)[:, None]
         wts = torch.where(keep, wts, torch.zeros_like(wts))
-        e = local.clamp(0, self.n - 1).flatten()
+        y = self._experts(x, local.clamp(0, self.n - 1), wts, s)
+        return self._all_reduce(y.to(torch.bfloat16)), h.to(torch.bfloat16)
+
+    def _experts(self, x: torch.Tensor, local: torch.Tensor, wts: torch.Tensor, s: int) -> torch.Tensor:
+        """sum_k wts[:, k] * expert local[:, k] (x), fp32 [s, H]; every pair goes through the
+        grouped GEMM (a pair with weight 0 adds 0)."""
+        m = self.spec
+        e = local.flatten()
         order = torch.argsort(e, stable=True)
-        rows = torch.arange(s, device=part.device).repeat_interleave(m.top_k)[order]
+        rows = torch.arange(s, device=x.device).repeat_interleave(m.top_k)[order]
         # scatter_add, not bincount: bincount reads the max back to the host, which a graph forbids
-        counts = torch.zeros(self.n, dtype=torch.int64, device=part.device).scatter_add_(0, e, torch.ones_like(e))
+        counts = torch.zeros(self.n, dtype=torch.int64, device=x.device).scatter_add_(0, e, torch.ones_like(e))
         offs = torch.cumsum(counts, 0).to(torch.int32)
         xs = x.to(torch.bfloat16)[rows]
         gu = torch._grouped_mm(xs, self.w13, offs=offs)
         a = F.silu(gu[:, : self.half]) * gu[:, self.half:]
         ys = torch._grouped_mm(a, self.w2, offs=offs) * wts.flatten()[order, None].to(torch.bfloat16)
-        y = torch.zeros(s, m.hidden, dtype=torch.float32, device=part.device).index_add_(0, rows, ys.float())
-        return self._all_reduce(y.to(torch.bfloat16)), h.to(torch.bfloat16)
+        return torch.zeros(s, m.hidden, dtype=torch.float32, device=x.device).index_add_(0, rows, ys.float())

@@ -5,6 +5,7 @@
 # tool brings back at most 8), logs in $OUT/round.log.
 #   prewarm (both) prewarm1 prewarm2   fill Triton's cache for TP1/TP2 minimax-m2 with parallel CPU compiles
 #   warm2 qualify2 bench2 soak2 gate2   TP2 on 2 GPUs      warm1 qualify1 bench1 gate1   TP1
+#   vllm2 vllm2s   TP2 bench beside (b) and (d) = (b) with vLLM's fused_moe kernel (default / small-M config)
 #   SOAK_STEPS (default 100000) sets the soak's length
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -43,6 +44,11 @@ for s in "$@"; do
     bench2) step $s 200 $FF bench $M --tp 2 --widths 1-16 --rep-ms 300 --out "$R" ;;
     soak2) step $s 320 $FF soak $M --tp 2 --steps ${SOAK_STEPS:-100000} --widths 1-16 --random-padding --runners 2 --deadline 300 --out "$R" ;;
     gate1) step $s 300 $FF gate configs/gates/h200-tp1.toml --out "$R" ;;
+    vllm2|vllm2s)  # baseline (d): vLLM's fused_moe from third_party/ (git-ignored; carry it); vllm2s: small-M config
+      [ $s = vllm2s ] && export FFNQ_VLLM_MOE_CONFIG='{"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "GROUP_SIZE_M": 1, "num_stages": 4}'
+      export FFNQ_VLLM_MOE=$PWD/third_party/vllm_fused_moe_kernel.py
+      step $s 150 $FF bench $M --tp 2 --widths 1,2,4,8,16 --rep-ms 300 --baselines unfused,vllm --out "$R"
+      unset FFNQ_VLLM_MOE FFNQ_VLLM_MOE_CONFIG ;;
     gate2) step $s 300 $FF gate configs/gates/h200x2-tp2.toml --out "$R" ;;
     *) echo "unknown step $s" ;;
   esac

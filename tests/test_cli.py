@@ -30,6 +30,7 @@ BAD = [
     (["bench", "--rep-ms", "0"], "--rep-ms 0.0"),
     (["bench", "--baselines", "nccl"], "--baselines 'nccl': allowed auto, none"),
     (["bench", "--baselines", "stock-symm"], "needs a GPU backend and --tp >= 2"),
+    (["bench", "--baselines", "vllm"], "--baselines vllm: needs a GPU backend"),
     (["warm", "--target", "sm_80"], "--target 'sm_80': allowed sm_90, gfx942, gfx950"),
     (["warm", "--target", "sm_90", "--backend", "cpu"], "offline residency for cpu/sm_90 not available"),
     (["gate", "missing.toml"], "gate config 'missing.toml': no such file"),
