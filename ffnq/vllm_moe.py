@@ -23,14 +23,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from ffnq.errors import UsageError
 from ffnq.stock import Stock
+from ffnq.weights import FP8
 
 ENV, ENV_CONFIG = "FFNQ_VLLM_MOE", "FFNQ_VLLM_MOE_CONFIG"
 DEFAULT_CONFIG = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 32,
                   "num_warps": 4, "num_stages": 3}
-FP8_MAX = 448.0
+FP8_MAX = torch.finfo(FP8).max
 
 
 def kernel_path() -> Path:
@@ -82,7 +85,7 @@ def quant_groups(x: torch.Tensor, group: int = 128):
     r, c = x.shape
     g = x.float().view(r, c // group, group)
     scale = g.abs().amax(-1).clamp(min=1e-10) / FP8_MAX
-    q = (g / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    q = (g / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.view(r, c), scale
 
 
@@ -91,7 +94,9 @@ class VllmMoe(Stock):
 
     def __init__(self, w, spec, tp, experts, device, allreduce: str = "nccl", kernel=None):
         self.kernel = kernel or load_kernel()
-        self.cfg = config()
+        # the launch's meta-parameters; K blocks at most one scale block (as vLLM clamps them)
+        self.launch = config()
+        self.bk = min(self.launch.pop("BLOCK_SIZE_K"), spec.block)
         super().__init__(w, spec, tp, experts, device, allreduce=allreduce)
 
     def _prepare(self, w):
@@ -100,16 +105,12 @@ class VllmMoe(Stock):
 
     def _gemm(self, a, a_scale, b, b_scale, c, top_k, sorted_ids, expert_ids, ntp, topk_w=None):
         """One fused_moe_kernel launch as vLLM's invoke_fused_moe_kernel makes it (block FP8)."""
-        import triton
-        import triton.language as tl
-
-        cfg = dict(self.cfg)
-        bm, bk = cfg["BLOCK_SIZE_M"], min(cfg.pop("BLOCK_SIZE_K"), self.spec.block)
+        bm = self.launch["BLOCK_SIZE_M"]
         em = sorted_ids.numel()
         if a.shape[0] < bm:  # vLLM's small-batch bound on the blocks worth launching
             em = min(em, a.shape[0] * top_k * bm)
         n, k = b.shape[1], b.shape[2]
-        grid = (triton.cdiv(em, bm) * triton.cdiv(n, cfg["BLOCK_SIZE_N"]),)
+        grid = (triton.cdiv(em, bm) * triton.cdiv(n, self.launch["BLOCK_SIZE_N"]),)
         self.kernel[grid](
             a, b, c, a_scale, b_scale, topk_w, sorted_ids, expert_ids, ntp,
             n, k, em, a.shape[0] * top_k,
@@ -118,11 +119,11 @@ class VllmMoe(Stock):
             self.spec.block, self.spec.block,
             MUL_ROUTED_WEIGHT=topk_w is not None, top_k=top_k, compute_type=tl.bfloat16,
             use_fp8_w8a8=True, use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False,
-            BLOCK_SIZE_K=bk, **cfg)
+            BLOCK_SIZE_K=self.bk, **self.launch)
 
     def _experts(self, x, local, wts, s):
         m = self.spec
-        sorted_ids, expert_ids, ntp = align(local, self.n, self.cfg["BLOCK_SIZE_M"])
+        sorted_ids, expert_ids, ntp = align(local, self.n, self.launch["BLOCK_SIZE_M"])
         xq, xs = quant_groups(x.to(torch.bfloat16), m.block)
         gu = torch.empty(s, m.top_k, self.w13.shape[1], dtype=torch.bfloat16, device=x.device)
         self._gemm(xq, xs, self.w13, self.s13, gu, m.top_k, sorted_ids, expert_ids, ntp)
