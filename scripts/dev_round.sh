@@ -1,7 +1,7 @@
 #!/bin/bash
-# One kernel-development round on 2 GPUs: scripts/dev_round.sh VARIANT... where a variant is
+# One kernel-development round: [TP=1] scripts/dev_round.sh VARIANT... (TP 2 by default: 2 GPUs) where a variant is
 # default, 128 or 256, optionally :TUNE (e.g. default 256 128:NS=6,PF=0; TUNE as FFNQ_TRITON_TUNE, see kernel._tune).
-# Per variant: prewarm Triton's cache (parallel CPU compiles), TP2 minimax-m2 correctness at
+# Per variant: prewarm Triton's cache (parallel CPU compiles), TP minimax-m2 correctness at
 # widths 1..16 + the in-kernel phase profile (scripts/triton_device.py), then `ffnq bench` at
 # widths 1,2,4,8,16 (cold weights, floor and baselines in the same run). FFNQ_TRITON_TUNE (see
 # kernel._tune) passes through. Logs in $OUT/dev.log, bench reports in $OUT/dev-reports.tgz
@@ -14,11 +14,12 @@ OUT=${OUT:-/tmp/ffnq-out}
 R=$PWD/reports-dev
 mkdir -p "$OUT" "$R"
 T0=$(date +%s)
-RUN="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
-PRE="python3 -m ffnq.backends.triton.offline --target sm_90 --model minimax-m2 --tp 2"
+TP=${TP:-2}
+RUN="python3 -m torch.distributed.run --standalone --nproc-per-node $TP"
+PRE="python3 -m ffnq.backends.triton.offline --target sm_90 --model minimax-m2 --tp $TP"
 {
 nvidia-smi -L
-echo "tune=${FFNQ_TRITON_TUNE:-default} commit=${FFNQ_COMMIT:-?}"
+echo "tp=$TP tune=${FFNQ_TRITON_TUNE:-default} commit=${FFNQ_COMMIT:-?}"
 for v in "$@"; do
   b=${v%%:*}; t=$([ "$v" = "$b" ] || echo "${v#*:}")
   B=$([ "$b" = default ] || echo "--blocks $b")
@@ -35,7 +36,7 @@ for v in "$@"; do
     | grep -v "^\s*$" | tail -n 30
   [ "$b" = default ] && RN="--backend triton" || RN="--runner scripts.dev_runners:Triton$b"
   echo "=== variant $v bench at +$(( $(date +%s) - T0 ))s"
-  timeout -k 5 150 python3 -m ffnq.cli bench $RN --model minimax-m2 --tp 2 --widths 1,2,4,8,16 --rep-ms 200 \
+  timeout -k 5 150 python3 -m ffnq.cli bench $RN --model minimax-m2 --tp $TP --widths 1,2,4,8,16 --rep-ms 200 \
     --out "$R" 2>&1 | tail -n 14
 done
 echo "dev round total $(( $(date +%s) - T0 ))s"
