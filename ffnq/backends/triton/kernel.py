@@ -886,13 +886,18 @@ def ffn_kernel(
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
                 if F8A:
-                    # K steps of one stage-1 tile (BN rows of I_r): each has its own act scale per token
+                    # one MMA per stage-1 tile (BN rows of I_r): each has its own act scale per token;
+                    # F8A=2 takes the tiles of one 128-wide scale block per loop step
+                    SUB: tl.constexpr = 128 // BN if F8A == 2 else 1
                     yq = tl.zeros((BH, 4 * SP), tl.float32)
-                    for k0 in tl.range(0, I_R, BN, num_stages=NS2):
-                        a = tl.load(a8 + ao + j * (4 * SP * I_R) + k0, mask=am4, other=0.0, cache_modifier=".cg")
-                        wq = tl.load(wbase + k0 + kn[None, :])
-                        cs = tl.load(asc + (j * NT + k0 // BN) * SP + c4 % SP, cache_modifier=".cg")
-                        yq = _mma_sc(wq, (cs * tw4 * tl.load(sbase + k0 // 128))[None, :], a, yq, INTERP, IS_HIP, SACC)
+                    for k0 in tl.range(0, I_R, BN * SUB, num_stages=NS2):
+                        for q in tl.static_range(SUB):
+                            kq = k0 + q * BN
+                            a = tl.load(a8 + ao + j * (4 * SP * I_R) + kq, mask=am4, other=0.0, cache_modifier=".cg")
+                            wq = tl.load(wbase + kq + kn[None, :])
+                            cs = tl.load(asc + (j * NT + kq // BN) * SP + c4 % SP, cache_modifier=".cg")
+                            yq = _mma_sc(wq, (cs * tw4 * tl.load(sbase + kq // 128))[None, :], a, yq, INTERP, IS_HIP,
+                                         SACC)
                     yt = tl.sum(tl.reshape(yq, (BH, 4, SP)), axis=1)
                 else:
                     yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
@@ -1052,7 +1057,7 @@ def geometry(key) -> dict:
     sacc = bool(tune.get("SACC", 1)) or f8
     f8 = f8 and H <= 448 ** 2
     # F8A: stage 2 on fp8 act terms too (K steps of one stage-1 tile: an fp8 wgmma needs K >= 32)
-    f8a = f8 and bool(tune.get("F8A", 0)) and bn >= 32
+    f8a = tune.get("F8A", 0) if f8 and bn >= 32 else 0
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
@@ -1110,7 +1115,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
-        g["F8"] = g["F8A"] = False
+        g["F8"], g["F8A"] = False, 0
     if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
