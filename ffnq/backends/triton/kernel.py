@@ -543,6 +543,7 @@ def ffn_kernel(
     SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
     SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_ASC: tl.constexpr, F8A: tl.constexpr, NS2: tl.constexpr,
+    SACC2: tl.constexpr, SHIFT2: tl.constexpr,
     SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
@@ -895,18 +896,22 @@ def ffn_kernel(
                             kq = k0 + q * BN
                             a = tl.load(a8 + ao + j * (4 * SP * I_R) + kq, mask=am4, other=0.0, cache_modifier=".cg")
                             wq = tl.load(wbase + kq + kn[None, :])
-                            cs = tl.load(asc + (j * NT + kq // BN) * SP + c4 % SP, cache_modifier=".cg")
-                            yq = _mma_sc(wq, (cs * tw4 * tl.load(sbase + kq // 128))[None, :], a, yq, INTERP, IS_HIP,
-                                         SACC)
-                    yt = tl.sum(tl.reshape(yq, (BH, 4, SP)), axis=1)
+                            sw = tl.load(sbase + kq // 128)
+                            if S == 1:  # one token: its act scale is one number per step, as the w2 scale
+                                cs1 = tl.load(asc + (j * NT + kq // BN) * SP, cache_modifier=".cg")
+                                yq = _mma_sc(wq, cs1 * sw, a, yq, INTERP, IS_HIP, SACC)
+                            else:
+                                cs = tl.load(asc + (j * NT + kq // BN) * SP + c4 % SP, cache_modifier=".cg")
+                                yq = _mma_sc(wq, (cs * sw)[None, :], a, yq, INTERP, IS_HIP, SACC)
+                    yt = tl.sum(tl.reshape(yq * tw4[None, :], (BH, 4, SP)), axis=1)
                 else:
                     yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
                     for k0 in tl.range(0, I_R, 128, num_stages=NS2):
                         a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
                                     mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                         wq = tl.load(wbase + k0 + ki[None, :])
-                        yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-                    yt = yt * (1.0 / SHIFT)
+                        yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT2, a, yt, INTERP, IS_HIP, SACC2)
+                    yt = yt * (1.0 / SHIFT2)
                 tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt,
                          mask=rmask[None, :])
                 tl.debug_barrier()
@@ -1000,7 +1005,8 @@ def max_scale() -> float | None:
     """The largest block scale the built weight path takes (None: any; the default paths, fp8
     (F8) and SACC, multiply the fp32 product of each K block by its scale)."""
     t = _tune()
-    return None if t.get("SACC", 1) or t.get("F8", 1) else MAX_SCALE
+    folded = not (t.get("SACC", 1) or t.get("F8", 1)) or t.get("S2F", 0)
+    return MAX_SCALE if folded else None
 ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
              "w2", "s2", "scratch", "peers", "epoch", "inject", "cfg", "rank", "first_expert")
 
@@ -1055,6 +1061,9 @@ def geometry(key) -> dict:
     # keeps on the fp16 path: the same rule as max_scale()
     f8 = bool(tune.get("F8", 1))
     sacc = bool(tune.get("SACC", 1)) or f8
+    # S2F: stage 2 folds the scale into its fp16 weights (the SACC=0 path) so that its MMAs run
+    # async across K steps; the scale on the product costs a wait per K step
+    sacc2 = sacc and not tune.get("S2F", 0)
     f8 = f8 and H <= 448 ** 2
     # F8A: stage 2 on fp8 act terms too (K steps of one stage-1 tile: an fp8 wgmma needs K >= 32)
     f8a = tune.get("F8A", 0) if f8 and bn >= 32 else 0
@@ -1071,7 +1080,7 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
-                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
+                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, SACC2=sacc2, SHIFT2=1.0 if sacc2 else float(2 ** SCALE_SHIFT), F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))), **extra)
 
 
