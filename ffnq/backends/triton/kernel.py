@@ -542,9 +542,7 @@ def ffn_kernel(
     SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
     SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
-    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_ASC: tl.constexpr, F8A: tl.constexpr, NS2: tl.constexpr,
-    SACC2: tl.constexpr, SHIFT2: tl.constexpr,
-    SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
+    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
@@ -827,21 +825,7 @@ def ffn_kernel(
                 if last:
                     wt = tl.load(wtab + ej * SP + rows, mask=rmask, other=0.0)  # [SP]
                     a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
-                    if F8A:
-                        # four fp8 terms of a / (the tile's max |a| / 256) per token, as x's terms for
-                        # stage 1: stage 2 multiplies them with the w2 codes as stored (fp8 wgmma, both
-                        # operands from shared memory), the scales on each K step's product
-                        am = tl.max(tl.abs(a), axis=0)  # [SP]
-                        am = tl.where(am > 0, am, 1.0)
-                        tl.store(_as(scratch, SC_ASC, tl.float32) + (j * NT + t) * SP + rows, am * (1.0 / 256.0))
-                        ar = a * (256.0 / am)[None, :]
-                        a8 = _as(scratch, SC_ACT, tl.float8e4nv)
-                        for q in tl.static_range(4):
-                            aq = _fp8(ar, INTERP)
-                            tl.store(a8 + ((j * 4 + q) * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], aq)
-                            ar = (ar - aq.to(tl.float32)) * 16.0
-                    else:
-                        tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
+                    tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
                     tl.debug_barrier()
                     tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
                 w += BLOCKS
@@ -860,14 +844,6 @@ def ffn_kernel(
             ypart = _as(scratch, SC_YPART, tl.float32)
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
-            if F8A:
-                a8 = _as(scratch, SC_ACT, tl.float8e4nv)
-                asc = _as(scratch, SC_ASC, tl.float32)
-                kn = tl.arange(0, BN)
-                c4 = tl.arange(0, 4 * SP)
-                ao = c4[None, :].to(tl.int64) * I_R + kn[:, None]  # act terms^T [BN, 4 x SP]: term-major, then token
-                am4 = ((c4 % SP) < S)[None, :]
-                tw4 = tl.exp2((c4 // SP) * -4.0)  # term q counts 16^-q
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
             w = pid
             if w < n1:
@@ -886,33 +862,13 @@ def ffn_kernel(
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
-                if F8A:
-                    # one MMA per stage-1 tile (BN rows of I_r): each has its own act scale per token;
-                    # F8A=2 takes the tiles of one 128-wide scale block per loop step
-                    SUB: tl.constexpr = 128 // BN if F8A == 2 else 1
-                    yq = tl.zeros((BH, 4 * SP), tl.float32)
-                    for k0 in tl.range(0, I_R, BN * SUB, num_stages=NS2):
-                        for q in tl.static_range(SUB):
-                            kq = k0 + q * BN
-                            a = tl.load(a8 + ao + j * (4 * SP * I_R) + kq, mask=am4, other=0.0, cache_modifier=".cg")
-                            wq = tl.load(wbase + kq + kn[None, :])
-                            sw = tl.load(sbase + kq // 128)
-                            if S == 1:  # one token: its act scale is one number per step, as the w2 scale
-                                cs1 = tl.load(asc + (j * NT + kq // BN) * SP, cache_modifier=".cg")
-                                yq = _mma_sc(wq, cs1 * sw, a, yq, INTERP, IS_HIP, SACC)
-                            else:
-                                cs = tl.load(asc + (j * NT + kq // BN) * SP + c4 % SP, cache_modifier=".cg")
-                                yq = _mma_sc(wq, (cs * sw)[None, :], a, yq, INTERP, IS_HIP, SACC)
-                    yt = tl.sum(tl.reshape(yq * tw4[None, :], (BH, 4, SP)), axis=1)
-                else:
-                    yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                    for k0 in tl.range(0, I_R, 128, num_stages=NS2):
-                        a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
-                                    mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                        wq = tl.load(wbase + k0 + ki[None, :])
-                        yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT2, a, yt, INTERP, IS_HIP, SACC2)
-                    yt = yt * (1.0 / SHIFT2)
-                tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt,
+                yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
+                for k0 in tl.range(0, I_R, 128, num_stages=NS):
+                    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
+                                mask=rmask[None, :], other=0.0, cache_modifier=".cg")
+                    wq = tl.load(wbase + k0 + ki[None, :])
+                    yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt * (1.0 / SHIFT),
                          mask=rmask[None, :])
                 tl.debug_barrier()
                 tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
@@ -1005,8 +961,7 @@ def max_scale() -> float | None:
     """The largest block scale the built weight path takes (None: any; the default paths, fp8
     (F8) and SACC, multiply the fp32 product of each K block by its scale)."""
     t = _tune()
-    folded = not (t.get("SACC", 1) or t.get("F8", 1)) or t.get("S2F", 0)
-    return MAX_SCALE if folded else None
+    return None if t.get("SACC", 1) or t.get("F8", 1) else MAX_SCALE
 ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
              "w2", "s2", "scratch", "peers", "epoch", "inject", "cfg", "rank", "first_expert")
 
@@ -1061,12 +1016,7 @@ def geometry(key) -> dict:
     # keeps on the fp16 path: the same rule as max_scale()
     f8 = bool(tune.get("F8", 1))
     sacc = bool(tune.get("SACC", 1)) or f8
-    # S2F: stage 2 folds the scale into its fp16 weights (the SACC=0 path) so that its MMAs run
-    # async across K steps; the scale on the product costs a wait per K step
-    sacc2 = sacc and not tune.get("S2F", 0)
     f8 = f8 and H <= 448 ** 2
-    # F8A: stage 2 on fp8 act terms too (K steps of one stage-1 tile: an fp8 wgmma needs K >= 32)
-    f8a = tune.get("F8A", 0) if f8 and bn >= 32 else 0
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
@@ -1075,12 +1025,11 @@ def geometry(key) -> dict:
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
-    ns = tune.get("NS", NUM_STAGES_EXPERTS)
-    return dict(BH=bh, JB=jb, NS=ns, NS2=tune.get("NS2", ns), F8A=f8a, H=H, E=E, EP2=_p2(E), K=m.top_k,
+    return dict(BH=bh, JB=jb, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
-                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, SACC2=sacc2, SHIFT2=1.0 if sacc2 else float(2 ** SCALE_SHIFT), F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
+                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))), **extra)
 
 
@@ -1097,10 +1046,7 @@ def scratch_extra(key) -> list:
            ("sel", torch.int32, (S, g["EP2"])), ("rowcnt", torch.int32, (16,)),
            ("rpart", torch.float32, (S, key.blocks // g["RT"], g["EP2"]))]
     if g["NSLOT"]:
-        # fp16 act, or (F8A) four fp8 terms of it and a scale per (slot, stage-1 tile, token)
-        out.append(("act", torch.float16, (g["NSLOT"], 2 if g["F8A"] else 1, 16, g["I_R"])))
-        if g["F8A"]:
-            out.append(("asc", torch.float32, (g["NSLOT"], g["I_R"] // g["BN"], 16)))
+        out.append(("act", torch.float16, (g["NSLOT"], 16, g["I_R"])))
         out.append(("ypart", torch.float32, (g["NSLOT"], S, H)))
         if g["KS"] > 1:
             out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
@@ -1116,15 +1062,15 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     sc = {"SC_FAULT": "fault", "SC_TL": "timeline", "SC_ROUTE": "route", "SC_ROUTEW": "route_w", "SC_H": "h",
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_META": "meta",
           "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
-          "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_ASC": "asc", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
+          "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
           "SC_RPART": "rpart"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
-        g["NS"] = g["NS2"] = NUM_STAGES_HIP
+        g["NS"] = NUM_STAGES_HIP
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
-        g["F8"], g["F8A"] = False, 0
+        g["F8"] = False
     if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
