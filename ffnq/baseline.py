@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ffnq import reference
 from ffnq.spec import Experts, ModelSpec
 from ffnq.weights import RankWeights, dequant
 
@@ -30,6 +31,11 @@ class Unfused:
             self.w13 = dequant(w.w13, w.s13, spec.block, self.dtype)  # [E_r, 2*I_r, H]
             self.w2 = dequant(w.w2, w.s2, spec.block, self.dtype)  # [E_r, H, I_r]
 
+    def chosen(self, width: int) -> torch.Tensor:
+        """The experts of the last step, [s, k] int64 sorted, -1 on a padding row (as
+        Runner.chosen): the bench's check follows them on a near tie at bf16's precision."""
+        return reference.picks(*self._route)
+
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         if self.tp > 1:
             dist.all_reduce(t)
@@ -42,6 +48,7 @@ class Unfused:
         x = F.rms_norm(h, (m.hidden,), self.w.post_norm.float(), m.eps)
         scores = torch.sigmoid(x @ self.w.router.float().T)
         idx = torch.topk(scores + self.w.router_bias.float(), m.top_k, dim=-1).indices
+        self._route = idx, slots[:s]  # for chosen(): no op here, so a captured step times none
         wts = scores.gather(1, idx)
         wts = wts / wts.sum(-1, keepdim=True)
         y = torch.zeros(s, m.hidden, dtype=self.dtype, device=part.device)

@@ -39,6 +39,9 @@ def test_bench_summary_slowest_rank_and_speedup():
         for v, r, p in (("fused", 0, 10.0), ("fused", 1, 12.0), ("unfused", 0, 30.0), ("unfused", 1, 36.0))])
     m = bench.summarize(rows).iloc[0]
     assert m.p50_us == 12.0 and m.skew_us == 2.0 and m.unfused_p50_us == 36.0 and m.speedup_unfused == 3.0
+    assert "followed" not in m
+    rows["followed"] = [0, 0, 0, 1]  # rank 1's baseline broke a near tie its own way
+    assert bench.summarize(rows).iloc[0].followed == "unfused 1"
 
 
 def test_bench_tp2_layers(tmp_path):

@@ -78,9 +78,10 @@ def test_compare_counts_wrong_elements_and_nan():
     assert c["nan"] == 1 and c["rel_err"] == float("inf")
 
 
-def test_follow_takes_an_admissible_pick_on_a_near_tie_row_only(full):
-    """A near-tie row may pick either side; with follow= the oracle's output is that of the
-    kernel's pick (as if the tie had broken its way), and a pick that is no top-k is refused."""
+def near_tie(full, gap: float):
+    """Inputs of 3 rows (the last padding) and two copies of ``full`` whose router bias puts row
+    0's (k+1)-th expert ``gap`` below (``below``) or above (``above``) its k-th: the two sides of
+    a near tie. Returns (inputs, below, above, k-th expert, (k+1)-th expert, ranked experts)."""
     from dataclasses import replace
 
     g = torch.Generator().manual_seed(7)
@@ -97,9 +98,15 @@ def test_follow_takes_an_admissible_pick_on_a_near_tie_row_only(full):
     def nudged(delta):  # expert nxt's biased score moved to kth's + delta on row 0
         bias = full.router_bias.double().clone()
         bias[nxt] = scores[0, kth] + bias[kth] + delta - scores[0, nxt]
-        return replace(full, router_bias=bias)  # fp64: the 4e-8 nudge must survive
+        return replace(full, router_bias=bias)  # fp64: a 4e-8 nudge must survive
 
-    below, above = nudged(-4e-8), nudged(4e-8)
+    return (parts, residual, slots), nudged(-gap), nudged(gap), kth, nxt, ranked
+
+
+def test_follow_takes_an_admissible_pick_on_a_near_tie_row_only(full):
+    """A near-tie row may pick either side; with follow= the oracle's output is that of the
+    kernel's pick (as if the tie had broken its way), and a pick that is no top-k is refused."""
+    (parts, residual, slots), below, above, kth, nxt, ranked = near_tie(full, 4e-8)
     cache: dict = {}  # experts only: the nudged bias changes none
     own = reference.step(parts, residual, slots, below, M, cache=cache)
     other = reference.step(parts, residual, slots, above, M, cache=cache)
@@ -132,3 +139,29 @@ def test_admissible():
     assert reference.admissible(biased, pick, 2).tolist() == [True, False]
     assert reference.admissible(biased, torch.tensor([[0, 1], [1, 0]]), 2).tolist() == [True, True]
     assert reference.admissible(biased, torch.tensor([[0, 0], [-1, 1]]), 2).tolist() == [False, False]
+
+
+def test_a_bf16_composition_is_followed_within_its_own_precision(full):
+    """The bench checks a baseline (h rounded to bf16) against its own pick on a row whose
+    scores are BF16_TIE_EPS close, the fused kernel only within TIE_EPS; a pick that is no top-k
+    is refused for both (bench.oracle)."""
+    from types import SimpleNamespace
+
+    from ffnq.jobs.bench import oracle
+
+    inputs, below, above, kth, nxt, ranked = near_tie(full, 1e-3)
+    assert 1e-3 < reference.BF16_TIE_EPS
+    cache: dict = {}
+    own = reference.step(*inputs, below, M, cache=cache)
+    other = reference.step(*inputs, above, M, cache=cache)
+    assert not own.near_tie.any() and kth in own.chosen[0].tolist() and nxt in other.chosen[0].tolist()
+    assert reference.step(*inputs, below, M, tie_eps=reference.BF16_TIE_EPS).near_tie.tolist() == [True, False, False]
+    job = SimpleNamespace(full=below, model=M, experts=Experts.ALL)
+    base = oracle(job, "stock", other.chosen, inputs, own)
+    assert torch.equal(base.chosen, other.chosen) and torch.allclose(base.out, other.out, rtol=1e-12, atol=1e-12)
+    assert oracle(job, "fused", other.chosen, inputs, own) is not own  # looked, and refused:
+    assert torch.equal(oracle(job, "fused", other.chosen, inputs, own).chosen, own.chosen)
+    bad = own.chosen.clone()
+    bad[0] = torch.tensor(sorted(set(own.chosen[0].tolist()) - {kth} | {int(ranked[-1])}))
+    assert torch.equal(oracle(job, "stock", bad, inputs, own).chosen, own.chosen)
+    assert oracle(job, "stock", own.chosen, inputs, own) is own and oracle(job, "none", None, inputs, own) is own
