@@ -11,8 +11,9 @@ A near-tie row (k-th and (k+1)-th biased scores within TIE_EPS) may pick either 
 two picks give outputs O(RMS) apart. ``step(..., follow=route)`` takes the kernel's pick on such
 a row when it is admissible (a top-k of the scores moved by at most TIE_EPS), so the output of
 that row is checked against the experts the kernel really used, not excused nor falsely failed.
-A composition that rounds x to bf16 (the bench's baselines) moves the scores by up to ~2e-3 and
-flips about one row in a hundred at TP2: its check follows its pick within BF16_TIE_EPS.
+A composition that rounds the all-reduced h to bf16 (the bench's baselines) moves the scores by
+up to ~2e-3 and flips about one row in a hundred at TP2: its check follows its pick within
+BF16_TIE_EPS.
 """
 from __future__ import annotations
 
@@ -89,8 +90,9 @@ def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor,
          spec: ModelSpec, experts: Experts = Experts.ALL, cache: dict | None = None,
          follow: torch.Tensor | None = None, tie_eps: float = TIE_EPS) -> Reference:
     """``cache``: a dict the caller keeps, for repeated steps on one set of weights.
-    ``follow``: the kernel's route [s, k]; near-tie rows (within ``tie_eps``) where it is
-    admissible use its experts (and ``chosen`` says so), every other row keeps the oracle's own pick."""
+    ``follow``: a route [s, k] (the kernel's, or a baseline's with ``tie_eps=BF16_TIE_EPS``);
+    near-tie rows (within ``tie_eps``) where it is admissible use its experts (and ``chosen``
+    says so), every other row keeps the oracle's own pick."""
     dt = torch.float64
     dev = residual.device
     h = residual.to(dt) + sum(p.to(dt) for p in parts)
