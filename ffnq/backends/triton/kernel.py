@@ -1039,8 +1039,9 @@ def geometry(key) -> dict:
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
-    # S2K: scale blocks per stage-2 loop step (2 needs I_r in whole 256s)
-    s2k = tune.get("S2K", 1) if i_r and i_r % 256 == 0 else 1
+    # S2K: scale blocks per stage-2 loop step (2 needs I_r in whole 256s, and 64-row stage-2 tiles:
+    # 128-row ones take 131 KB of shared memory at 2 blocks a step, 1 CTA/SM; dev round 31)
+    s2k = tune.get("S2K", 1) if i_r and i_r % 256 == 0 and bh == 64 else 1
     return dict(BH=bh, JB=jb, S2K=s2k, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
