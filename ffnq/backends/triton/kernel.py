@@ -542,7 +542,7 @@ def ffn_kernel(
     SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
     SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
-    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, S2K: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
+    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
@@ -863,25 +863,11 @@ def ffn_kernel(
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
                 yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                if S2K == 2:
-                    # two scale blocks per loop step, two independent MMA chains: the second block's
-                    # conversion and MMAs can issue while the first's run
-                    ab = act + (j * SP + rows[None, :]).to(tl.int64) * I_R + ki[:, None]
-                    for k0 in tl.range(0, I_R, 256, num_stages=NS):
-                        a0 = tl.load(ab + k0, mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                        a1 = tl.load(ab + k0 + 128, mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                        wa = tl.load(wbase + k0 + ki[None, :])
-                        wb = tl.load(wbase + k0 + 128 + ki[None, :])
-                        z = tl.zeros((BH, SP), tl.float32)
-                        p0 = _mma_sc(wa, tl.load(sbase + k0 // 128) * SHIFT, a0, z, INTERP, IS_HIP, SACC)
-                        p1 = _mma_sc(wb, tl.load(sbase + k0 // 128 + 1) * SHIFT, a1, z, INTERP, IS_HIP, SACC)
-                        yt += p0 + p1
-                else:
-                    for k0 in tl.range(0, I_R, 128, num_stages=NS):
-                        a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
-                                    mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                        wq = tl.load(wbase + k0 + ki[None, :])
-                        yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                for k0 in tl.range(0, I_R, 128, num_stages=NS):
+                    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
+                                mask=rmask[None, :], other=0.0, cache_modifier=".cg")
+                    wq = tl.load(wbase + k0 + ki[None, :])
+                    yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
                 tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt * (1.0 / SHIFT),
                          mask=rmask[None, :])
                 tl.debug_barrier()
@@ -1039,10 +1025,7 @@ def geometry(key) -> dict:
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
-    # S2K: scale blocks per stage-2 loop step (2 needs I_r in whole 256s, and 64-row stage-2 tiles:
-    # 128-row ones take 131 KB of shared memory at 2 blocks a step, 1 CTA/SM; dev round 31)
-    s2k = tune.get("S2K", 1) if i_r and i_r % 256 == 0 and bh == 64 else 1
-    return dict(BH=bh, JB=jb, S2K=s2k, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
+    return dict(BH=bh, JB=jb, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
