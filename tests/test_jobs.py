@@ -95,3 +95,25 @@ def test_a_hung_job_is_killed_at_its_deadline(tmp_path):
     assert r.returncode == 1 and "deadline of 12 s" in r.stderr and "rank 0 at hanging" in r.stderr
     assert time.monotonic() - t0 < 40
 
+
+
+def test_jobs_give_warm_the_gpus_compute_units(monkeypatch):
+    """bench, qualify and soak warm their runners with the GPU's SM count, so a width whose grid
+    cannot be co-resident fails at warm with its kernel named (residency.check), before a launch."""
+    import inspect
+    from types import SimpleNamespace
+
+    import torch
+
+    from ffnq.jobs import soak
+    from ffnq.jobs.rank import RankJob
+
+    job = RankJob.__new__(RankJob)
+    job.device = torch.device("cpu")
+    assert job.compute_units() is None
+    job.device = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132))
+    assert job.compute_units() == 132
+    for mod in (bench, qualify, soak):
+        warms = [ln for ln in inspect.getsource(mod).splitlines() if ".warm(" in ln]
+        assert warms and all("compute_units()" in ln for ln in warms), (mod.__name__, warms)

@@ -122,14 +122,14 @@ def oracle(job, name: str, pick: torch.Tensor | None, inputs: tuple, ref: refere
 def run(job, opts: dict, rec: Records) -> None:
     widths, L = opts["widths"], opts["layers"]
     fused = job.runner(widths)
-    fused.warm(job.weights)
+    fused.warm(job.weights, job.compute_units())  # a grid that cannot be resident fails here, named
     sets = weight_sets(job)
     variants = [("fused", [fused] * len(sets))]
     if opts["baseline"]:
         variants += baselines(job, opts.get("baselines") or [], sets)
     if opts.get("phase_split") and job.experts is not Experts.NONE:
         none = job.runner(widths, experts=Experts.NONE)  # same peer buffer: shares the epoch
-        none.warm(job.weights)
+        none.warm(job.weights, job.compute_units())
         variants.append(("none", [none] * len(sets)))
     graph = job.device.type == "cuda"
     floor = floor_terms(job)

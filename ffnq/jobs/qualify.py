@@ -46,7 +46,7 @@ class Qualify:
         self.main = self.job.runner(self.widths)
         self.tl = self.job.runner([self.wt], timeline=True)  # same peer buffer: shares the epoch
         for r in (self.main, self.tl):
-            r.warm(self.job.weights)
+            r.warm(self.job.weights, self.job.compute_units())
         self.offsets = clock_offsets(self.main.clock_ns)
         rec.row("clock", {"rank": self.rank, "offset_ns": self.offsets[self.rank], "rounds": 9,
                           "method": "median of (clock_ns on rank - on rank 0) after a barrier"})

@@ -40,6 +40,12 @@ class RankJob:
         self.runners.append(r)
         return r
 
+    def compute_units(self) -> int | None:
+        """SMs (CUs) of this rank's GPU, for the runners' residency check; None off a GPU."""
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_properties(self.device).multi_processor_count
+        return None
+
     def inputs(self, s: int, case: int, step: int = 0, padding: int = 0):  # case, step: ints
         """Every rank's part, the residual and slots of one check; ``padding`` rows get slot -1
         (spread over the width, never all of it unless padding >= s)."""

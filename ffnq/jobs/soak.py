@@ -66,7 +66,7 @@ class Soak:
         self.rank, self.tp = self.job.rank, self.job.tp
         self.runners = [self.job.runner(opts["widths"]) for _ in range(opts.get("runners", 2))]
         for r in self.runners:
-            r.warm(self.job.weights)
+            r.warm(self.job.weights, self.job.compute_units())
         gpu = self.job.device.type != "cpu"
         self.check_every = opts.get("check_every") or (100 if gpu else 1)
         self.cache: dict = {}

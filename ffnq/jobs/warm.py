@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 
 import pandas as pd
-import torch
 
 from ffnq.dist import barrier
 from ffnq.errors import UsageError
@@ -21,12 +20,6 @@ KNOWN = ("kernel", "compile_s", "grid", "ctas_per_cu", "cus", "resident")
 TARGETS = ("sm_90", "gfx942", "gfx950")
 
 
-def compute_units(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return None
-
-
 def body(opts: dict, rec: Records) -> None:
     job = setup(opts["backend"], opts["model"], opts["experts"], opts["timeout_s"], opts["seed"])
     try:
@@ -35,7 +28,7 @@ def body(opts: dict, rec: Records) -> None:
         t0 = time.perf_counter()
         r.warm(job.weights)  # residency is judged below, width by width, rather than refused
         wall = time.perf_counter() - t0
-        cus = compute_units(job.device)
+        cus = job.compute_units()
         for s in opts["widths"]:
             d = dict(r.describe(s) or {})
             ctas = r.residency.get(s)
