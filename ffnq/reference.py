@@ -28,7 +28,8 @@ from ffnq.weights import FullWeights, dequant
 TIE_EPS = 1e-6  # a row whose k-th and (k+1)-th biased scores are this close may pick either
 # the same for a step whose all-reduced h is rounded to bf16 (NCCL or symm-mem bf16 sums): the
 # biased scores of minimax-m2 shapes moved by at most 1.7e-3 over 4096 rows x 256 experts on CPU
-# (1% of the rows flipped, at gaps up to 5.4e-4); a flip needs a gap under twice the move
+# (1% of the rows flipped, at gaps up to 5.4e-4: scripts/bf16_route_flips.py); a flip needs a gap
+# under twice the move
 BF16_TIE_EPS = 4e-3
 
 
