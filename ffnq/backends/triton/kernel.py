@@ -542,7 +542,7 @@ def ffn_kernel(
     SC_H: tl.constexpr, SC_X: tl.constexpr, SC_SSQ: tl.constexpr, SC_LOGIT: tl.constexpr,
     SC_META: tl.constexpr, SC_ACT: tl.constexpr, SC_YPART: tl.constexpr,
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
-    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
+    SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, SQ: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
@@ -767,20 +767,22 @@ def ffn_kernel(
             # arriver of a (j, t) sums the parts in ks order (deterministic) and finishes the tile
             n_items = n_active * (NT * KS)
             NX: tl.constexpr = 4 if F8 else 2  # x terms: fp8 x 4 or fp16 hi + lo
-            c2 = tl.arange(0, NX * SP)
+            # SQ token columns per term (SQ >= S; NX x SQ >= 16, tl.dot's least N)
+            rq = tl.arange(0, SQ)
+            c2 = tl.arange(0, NX * SQ)
             if F8:
                 xb = _as(scratch, SC_X, tl.float8e4nv)
-                tw = tl.exp2((c2 // SP) * -4.0) * xsig  # term t counts 16^-t, x was divided by xsig
+                tw = tl.exp2((c2 // SQ) * -4.0) * xsig  # term t counts 16^-t, x was divided by xsig
             else:
                 xb = _as(scratch, SC_X, tl.float16)
-                tw = tl.full((NX * SP,), 1.0 / SHIFT, tl.float32)
+                tw = tl.full((NX * SQ,), 1.0 / SHIFT, tl.float32)
             act = _as(scratch, SC_ACT, tl.float16)
             gpart = _as(scratch, SC_GPART, tl.float32)
             nn = tl.arange(0, BN)
             kc2 = tl.arange(0, BK)
-            xo2 = (c2 // SP * S + c2 % SP)[None, :] * H + kc2[:, None]  # term 0 rows, then term 1 ...
-            xm2 = ((c2 % SP) < S)[None, :]
-            go = nn[:, None] * SP + rows[None, :]
+            xo2 = (c2 // SQ * S + c2 % SQ)[None, :] * H + kc2[:, None]  # term 0 rows, then term 1 ...
+            xm2 = ((c2 % SQ) < S)[None, :]
+            go = nn[:, None] * SP + rq[None, :]
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             while w < n_items:
                 jt = w // KS
@@ -794,10 +796,10 @@ def ffn_kernel(
                 wbase = w13 + le * (2 * I_R * H) + kb
                 sbase = s13 + le * ((2 * I_R // 128) * (H // 128)) + kb // 128
                 r1 = t * BN + nn  # rows of w1 (gate); w3 (up) rows are I_R further
-                # transposed [weight rows, NX x SP]: columns 16t..16t+15 take x term t (fp8: 4 terms;
-                # fp16: hi, lo), one MMA per weight tile and K step; the terms summed at the end
-                acc_g = tl.zeros((BN, NX * SP), tl.float32)
-                acc_u = tl.zeros((BN, NX * SP), tl.float32)
+                # transposed [weight rows, NX x SQ]: columns SQ t..SQ t+SQ-1 take x term t (fp8: 4
+                # terms; fp16: hi, lo), one MMA per weight tile and K step; the terms summed at the end
+                acc_g = tl.zeros((BN, NX * SQ), tl.float32)
+                acc_u = tl.zeros((BN, NX * SQ), tl.float32)
                 for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
                     xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
@@ -806,8 +808,8 @@ def ffn_kernel(
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
                     acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
                     acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
-                g = tl.sum(tl.reshape(acc_g * tw[None, :], (BN, NX, SP)), axis=1)
-                u = tl.sum(tl.reshape(acc_u * tw[None, :], (BN, NX, SP)), axis=1)
+                g = tl.sum(tl.reshape(acc_g * tw[None, :], (BN, NX, SQ)), axis=1)
+                u = tl.sum(tl.reshape(acc_u * tw[None, :], (BN, NX, SQ)), axis=1)
                 last = True
                 if KS > 1:
                     gp = gpart + w.to(tl.int64) * (2 * BN * SP)
@@ -816,16 +818,16 @@ def ffn_kernel(
                     tl.debug_barrier()
                     last = tl.atomic_add(sync + NSL + NHT + jt, 1, sem="acq_rel", scope="gpu") == KS - 1
                     if last:
-                        g = tl.zeros((BN, SP), tl.float32)
-                        u = tl.zeros((BN, SP), tl.float32)
+                        g = tl.zeros((BN, SQ), tl.float32)
+                        u = tl.zeros((BN, SQ), tl.float32)
                         for q in tl.static_range(KS):
                             gq = gpart + (jt * KS + q).to(tl.int64) * (2 * BN * SP)
                             g += tl.load(gq + go, cache_modifier=".cg")
                             u += tl.load(gq + BN * SP + go, cache_modifier=".cg")
                 if last:
-                    wt = tl.load(wtab + ej * SP + rows, mask=rmask, other=0.0)  # [SP]
+                    wt = tl.load(wtab + ej * SP + rq, mask=rq < S, other=0.0)  # [SQ]
                     a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
-                    tl.store(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
+                    tl.store(act + (j * SP + rq[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
                     tl.debug_barrier()
                     tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
                 w += BLOCKS
@@ -1017,6 +1019,10 @@ def geometry(key) -> dict:
     f8 = bool(tune.get("F8", 1))
     sacc = bool(tune.get("SACC", 1)) or f8
     f8 = f8 and H <= 448 ** 2
+    # stage 1's token columns per x term: 16 (SQ=0, v16) or the fewest that hold the width and
+    # make tl.dot's N (terms x SQ) at least 16
+    nx = 4 if f8 else 2
+    sq = max(_p2(key.tokens), 16 // nx) if tune.get("SQ", 0) else 16
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
@@ -1025,7 +1031,9 @@ def geometry(key) -> dict:
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
-    return dict(BH=bh, JB=jb, NS=tune.get("NS", NUM_STAGES_EXPERTS), H=H, E=E, EP2=_p2(E), K=m.top_k,
+    # NSS: the pipeline depth at up to 4 tokens, where SQ=4 leaves shared memory for more stages
+    ns = tune.get("NSS", NUM_STAGES_EXPERTS) if sq <= 4 else NUM_STAGES_EXPERTS
+    return dict(BH=bh, JB=jb, SQ=sq, NS=tune.get("NS", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
@@ -1071,6 +1079,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
         g["F8"] = False
+        g["SQ"] = max(g["SQ"], 8)  # two fp16 x terms: N = 2 x SQ >= 16
     if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
