@@ -5,7 +5,8 @@
 # widths 1..16 + the in-kernel phase profile (scripts/triton_device.py), then `ffnq bench` at
 # widths 1,2,4,8,16 (cold weights, floor and baselines in the same run). FFNQ_TRITON_TUNE (see
 # kernel._tune) passes through. Logs in $OUT/dev.log, bench reports in $OUT/dev-reports.tgz
-# (not reports.tgz: gpu_round.sh writes that one, and a call may run both).
+# (not reports.tgz: gpu_round.sh writes that one, and a call may run both). WIDTHS overrides the
+# bench widths.
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 . "$(dirname "$0")/commit_guard.sh"
@@ -36,7 +37,7 @@ for v in "$@"; do
     | grep -v "^\s*$" | tail -n 30
   [ "$b" = default ] && RN="--backend triton" || RN="--runner scripts.dev_runners:Triton$b"
   echo "=== variant $v bench at +$(( $(date +%s) - T0 ))s"
-  timeout -k 5 150 python3 -m ffnq.cli bench $RN --model minimax-m2 --tp $TP --widths 1,2,4,8,16 --rep-ms 200 \
+  timeout -k 5 150 python3 -m ffnq.cli bench $RN --model minimax-m2 --tp $TP --widths ${WIDTHS:-1,2,4,8,16} --rep-ms 200 \
     --out "$R" 2>&1 | tail -n 14
 done
 echo "dev round total $(( $(date +%s) - T0 ))s"

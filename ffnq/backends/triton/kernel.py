@@ -1019,10 +1019,10 @@ def geometry(key) -> dict:
     f8 = bool(tune.get("F8", 1))
     sacc = bool(tune.get("SACC", 1)) or f8
     f8 = f8 and H <= 448 ** 2
-    # stage 1's token columns per x term: 16 (SQ=0, v16) or the fewest that hold the width and
-    # make tl.dot's N (terms x SQ) at least 16
+    # stage 1's token columns per x term: 16 (SQ=0, v16) or, from width SQ on, the fewest that
+    # hold the width and make tl.dot's N (terms x SQ) at least 16
     nx = 4 if f8 else 2
-    sq = max(_p2(key.tokens), 16 // nx) if tune.get("SQ", 0) else 16
+    sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 0) <= key.tokens else 16
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
@@ -1036,7 +1036,7 @@ def geometry(key) -> dict:
     return dict(BH=bh, JB=jb, SQ=sq, NS=tune.get("NS", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
-                BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= 8, NSL=nsl,
+                BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= tune.get("RTOP", 8), NSL=nsl,
                 NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))), **extra)
 
