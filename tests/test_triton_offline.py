@@ -66,13 +66,15 @@ def test_local_and_none_modes_compile():
 def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     """The host-side choices behind v12: one token's 96 stage-1 items of MiniMax-M2 at TP2 split
     in two K parts on 256 CTAs (192 items, one round), four tokens' 384 in two (768 = three
-    full rounds, not 1.5); rows >= 5 pick their top-k one row per CTA group."""
+    full rounds, not 1.5); rows >= 3 pick their top-k one row per CTA group (v17); stage 1 gives
+    each x term 8 token columns at 7-8 tokens, 16 elsewhere (v17)."""
     from ffnq.backends.triton import kernel as K
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")
-    geo = {s: K.geometry(offline.build_key(spec, 2, Experts.ALL, s)) for s in (1, 2, 4, 5, 16)}
+    geo = {s: K.geometry(offline.build_key(spec, 2, Experts.ALL, s)) for s in (1, 2, 3, 4, 5, 6, 7, 8, 16)}
     assert [geo[s]["KS"] for s in (1, 2, 4, 16)] == [2, 1, 2, 1]
-    assert [geo[s]["ROWTOP"] for s in (1, 2, 4, 5, 16)] == [False, False, False, True, True]
+    assert [geo[s]["ROWTOP"] for s in (1, 2, 3, 4, 5, 16)] == [False, False, True, True, True, True]
+    assert [geo[s]["SQ"] for s in (1, 4, 6, 7, 8, 16)] == [16, 16, 16, 8, 8, 16]
     assert all((3072 // 128) % g["KS"] == 0 for g in geo.values())
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=5")
     with pytest.raises(ValueError, match="KS=5"):
@@ -162,8 +164,11 @@ def test_static_formulas():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-def test_interpreter_tp1_matches_reference():
-    """TP1 numerics on a CPU: the staged kernel under the Triton interpreter."""
+@pytest.mark.parametrize("tune", ["", "RTOP=8"])
+def test_interpreter_tp1_matches_reference(tune, monkeypatch):
+    """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
+    the per-row top-k of phase B (the default from 3 rows) and with every CTA's (RTOP=8)."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner

@@ -13,12 +13,12 @@ step does, for one width S:
   B  norm     every CTA: rstd per row from the per-chunk sums (fixed order: bitwise the same on
               every rank and CTA); x = h*rstd*post_norm for its chunk, divided by max|post_norm|,
               as four fp8 terms (each the rounding residue of the last x 16; fp16 hi + lo on CDNA);
-     router   rows <= 4: logits of its EPC experts = rstd * the chunks' partials summed in
-              chunk order; rows >= 5: BLOCKS/RT CTAs per row sum slices of that row's partials,
+     router   rows <= 2: logits of its EPC experts = rstd * the chunks' partials summed in
+              chunk order; rows >= 3: BLOCKS/RT CTAs per row sum slices of that row's partials,
               the last to arrive sums the slices in order and picks the row's top-k.
               Clears the expert phases' counters.
      -- grid barrier 2 --
-  C  top-k    rows <= 4: every CTA, redundantly, on a next_pow2(S)-row tile: sigmoid, biased
+  C  top-k    rows <= 2: every CTA, redundantly, on a next_pow2(S)-row tile: sigmoid, biased
               top-k (lowest index wins a tie), renormalised weights; CTA 0 writes route/route_w.
               Every CTA: the active-expert list.
      experts  stage 1 work items (active expert j, BN-row tile of I_r, K part), "swap AB": the gate/up
@@ -1013,16 +1013,21 @@ def geometry(key) -> dict:
     if (H // 128) % ks:
         raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
     rt = _p2(key.tokens)
+    # the row tile from which phase B picks each row's top-k (RT CTA groups, the last arriver of a
+    # row) instead of every CTA on the whole tile after barrier 2: from 4 rows by default (v17: 3-4
+    # us faster at 3-4 tokens, TP2 dev round 33; at 2 rows 0.9 us slower)
     # fp8 x terms need |x| / max|post_norm| <= sqrt(H) inside e4m3's 448 (H <= 200704); asking
     # for them (the default) also asks for the scale on each K block's product, which a larger H
     # keeps on the fp16 path: the same rule as max_scale()
     f8 = bool(tune.get("F8", 1))
     sacc = bool(tune.get("SACC", 1)) or f8
     f8 = f8 and H <= 448 ** 2
-    # stage 1's token columns per x term: 16 (SQ=0, v16) or, from width SQ on, the fewest that
-    # hold the width and make tl.dot's N (terms x SQ) at least 16
+    # stage 1's token columns per x term: from width SQ on the fewest that hold the width and make
+    # tl.dot's N (terms x SQ) at least 16, else 16 (SQ=0: always). From 7 by default (v17): 8
+    # columns at 7-8 tokens were 1.7-2.5% faster at TP2 (dev rounds 33-34); at 5 within the
+    # spread, at 6 slower (the build spills), at 1-4 slower (round 33)
     nx = 4 if f8 else 2
-    sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 0) <= key.tokens else 16
+    sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 7) <= key.tokens else 16
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
@@ -1036,7 +1041,7 @@ def geometry(key) -> dict:
     return dict(BH=bh, JB=jb, SQ=sq, NS=tune.get("NS", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
-                BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= tune.get("RTOP", 8), NSL=nsl,
+                BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= tune.get("RTOP", 4), NSL=nsl,
                 NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))), **extra)
 
