@@ -1015,7 +1015,7 @@ def geometry(key) -> dict:
     rt = _p2(key.tokens)
     # the row tile from which phase B picks each row's top-k (RT CTA groups, the last arriver of a
     # row) instead of every CTA on the whole tile after barrier 2: from 4 rows by default (v17: 3-4
-    # us faster at 3-4 tokens, TP2 dev round 33; at 2 rows 0.9 us slower)
+    # us faster at 3-4 tokens, TP2 dev round 34; at 2 rows 0.9 us slower)
     # fp8 x terms need |x| / max|post_norm| <= sqrt(H) inside e4m3's 448 (H <= 200704); asking
     # for them (the default) also asks for the scale on each K block's product, which a larger H
     # keeps on the fp16 path: the same rule as max_scale()
@@ -1024,7 +1024,7 @@ def geometry(key) -> dict:
     f8 = f8 and H <= 448 ** 2
     # stage 1's token columns per x term: from width SQ on the fewest that hold the width and make
     # tl.dot's N (terms x SQ) at least 16, else 16 (SQ=0: always). From 7 by default (v17): 8
-    # columns at 7-8 tokens were 1.7-2.5% faster at TP2 (dev rounds 33-34); at 5 within the
+    # columns at 7-8 tokens were 1.7-2.5% faster at TP2 (dev rounds 33-35); at 5 within the
     # spread, at 6 slower (the build spills), at 1-4 slower (round 33)
     nx = 4 if f8 else 2
     sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 7) <= key.tokens else 16
