@@ -73,6 +73,9 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     spec = load_model("minimax-m2")
     geo = {s: K.geometry(offline.build_key(spec, 2, Experts.ALL, s)) for s in (1, 2, 3, 4, 5, 6, 7, 8, 16)}
     assert [geo[s]["KS"] for s in (1, 2, 4, 16)] == [2, 1, 2, 1]
+    # nine tokens: 105 rounds x steps split in two against 108 whole, but the fix-up of a split
+    # tile costs more than that (KSFIX, v17): whole K
+    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 9))["KS"] == 1
     assert [geo[s]["ROWTOP"] for s in (1, 2, 3, 4, 5, 16)] == [False, False, True, True, True, True]
     assert [geo[s]["SQ"] for s in (1, 4, 6, 7, 8, 16)] == [16, 16, 16, 8, 8, 16]
     assert all((3072 // 128) % g["KS"] == 0 for g in geo.values())

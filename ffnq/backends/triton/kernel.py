@@ -1003,12 +1003,16 @@ def geometry(key) -> dict:
     nt = i_r // bn if i_r else 1
     # split K of the stage-1 items while a width's items leave CTAs idle (one token: 96 items
     # of 393 KB at TP2), so every CTA streams weights; the parts must be whole scale blocks
-    # (the whole grid's rounds of items x each item's K steps plus ~3 steps of pipeline fill and
-    # fix-up, at the most slots this width can touch; ties go to fewer parts)
+    # (the whole grid's rounds of items x each item's K steps plus ~3 steps of pipeline fill,
+    # plus KSFIX steps for the fix-up of a split tile (its parts written, re-read and summed by
+    # the last arriver), at the most slots this width can touch; ties go to fewer parts). KSFIX=4
+    # (v17): at TP2 nine tokens split in two parts were 8% slower than whole K (155 vs 142 us,
+    # dev round 36), which the model without it had at 105 against 108 steps
     ks = tune.get("KS", 0)
     if not ks:
-        cost = {k: -(-nslot * nt * k // blocks) * ((H // 128) // k + 3) for k in (1, 2, 3, 4, 6)
-                if (H // 128) % k == 0}
+        fix = tune.get("KSFIX", 4)
+        cost = {k: -(-nslot * nt * k // blocks) * ((H // 128) // k + 3) + (fix if k > 1 else 0)
+                for k in (1, 2, 3, 4, 6) if (H // 128) % k == 0}
         ks = min(cost, key=lambda k: (cost[k], k))
     if (H // 128) % ks:
         raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
