@@ -68,8 +68,6 @@ class JobOptions:
     baseline: bool = True  # False: time the fused step alone
     phase_split: bool = False  # also time the kernel with Experts NONE (seam + router + reduce)
     baselines: list[str] = field(default_factory=list)  # empty: auto (see ffnq.jobs.bench.baselines)
-    # warm
-    compute_units: int | None = None
     # soak
     steps: int = 1000
     random_padding: bool = True
