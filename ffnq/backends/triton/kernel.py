@@ -1020,6 +1020,7 @@ def geometry(key) -> dict:
     # the row tile from which phase B picks each row's top-k (RT CTA groups, the last arriver of a
     # row) instead of every CTA on the whole tile after barrier 2: from 4 rows by default (v17: 3-4
     # us faster at 3-4 tokens, TP2 dev round 34; at 2 rows 0.9 us slower)
+    rowtop = rt >= tune.get("RTOP", 4)
     # fp8 x terms need |x| / max|post_norm| <= sqrt(H) inside e4m3's 448 (H <= 200704); asking
     # for them (the default) also asks for the scale on each K block's product, which a larger H
     # keeps on the fp16 path: the same rule as max_scale()
@@ -1045,7 +1046,7 @@ def geometry(key) -> dict:
     return dict(BH=bh, JB=jb, SQ=sq, NS=tune.get("NS", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
-                BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rt >= tune.get("RTOP", 4), NSL=nsl,
+                BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rowtop, NSL=nsl,
                 NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 CPPP2=_p2(-(-nch // max(1, blocks // rt))), **extra)
 
