@@ -67,7 +67,8 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     """The host-side choices behind v12: one token's 96 stage-1 items of MiniMax-M2 at TP2 split
     in two K parts on 256 CTAs (192 items, one round), four tokens' 384 in two (768 = three
     full rounds, not 1.5); rows >= 3 pick their top-k one row per CTA group (v17); stage 1 gives
-    each x term 8 token columns at 7-8 tokens, 16 elsewhere (v17)."""
+    each x term 8 token columns at 7-8 tokens, 16 elsewhere (v17); RPG caps the CTAs per row of
+    that pick (a power of two)."""
     from ffnq.backends.triton import kernel as K
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")
@@ -78,6 +79,14 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 9))["KS"] == 1
     assert [geo[s]["ROWTOP"] for s in (1, 2, 3, 4, 5, 16)] == [False, False, True, True, True, True]
     assert [geo[s]["SQ"] for s in (1, 4, 6, 7, 8, 16)] == [16, 16, 16, 8, 8, 16]
+    assert [geo[s]["RP"] for s in (1, 4, 16)] == [256, 64, 16]  # the grid's share per row
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=16")
+    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["RP"] == 16
+    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))["RP"] == 256  # no per-row pick there
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=12")
+    with pytest.raises(ValueError, match="RPG=12"):
+        K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))
+    monkeypatch.delenv("FFNQ_TRITON_TUNE")
     assert all((3072 // 128) % g["KS"] == 0 for g in geo.values())
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=5")
     with pytest.raises(ValueError, match="KS=5"):
@@ -167,10 +176,11 @@ def test_static_formulas():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8"])
+@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
-    the per-row top-k of phase B (the default from 3 rows) and with every CTA's (RTOP=8)."""
+    the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
+    4 CTAs per row in the per-row pick (RPG=4: most CTAs sit the pick out)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference

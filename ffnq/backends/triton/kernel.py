@@ -544,7 +544,7 @@ def ffn_kernel(
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
     SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, SQ: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
-    SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
+    SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, RP: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr,
@@ -685,7 +685,6 @@ def ffn_kernel(
             # RP CTAs per row each sum CPP chunks' partial logits of that row; the last to arrive
             # sums the RP parts in order (deterministic, the same on every rank) and picks the
             # row's top-k. One CTA per row reading all 192 chunks took 12-18 us at 8-16 rows.
-            RP: tl.constexpr = BLOCKS // RT
             CPP: tl.constexpr = (NCH + RP - 1) // RP
             rr = pid // RP
             rp = _as(scratch, SC_RPART, tl.float32) + rr * (RP * EP2)
@@ -1021,6 +1020,12 @@ def geometry(key) -> dict:
     # row) instead of every CTA on the whole tile after barrier 2: from 4 rows by default (v17: 3-4
     # us faster at 3-4 tokens, TP2 dev round 34; at 2 rows 0.9 us slower)
     rowtop = rt >= tune.get("RTOP", 4)
+    # CTAs per row in that pick (a power of two; the grid's share per row by default): each sums
+    # NCH/RP chunks' partial logits, the row's last arriver the RP slices. RPG caps it (fewer,
+    # longer slices: less for the last arriver to read)
+    rp = min(blocks // rt, tune.get("RPG", blocks)) if rowtop else blocks // rt
+    if rowtop and rp & (rp - 1):
+        raise ValueError(f"FFNQ_TRITON_TUNE RPG={tune['RPG']}: CTAs per row must be a power of two")
     # fp8 x terms need |x| / max|post_norm| <= sqrt(H) inside e4m3's 448 (H <= 200704); asking
     # for them (the default) also asks for the scale on each K block's product, which a larger H
     # keeps on the fp16 path: the same rule as max_scale()
@@ -1048,7 +1053,7 @@ def geometry(key) -> dict:
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rowtop, NSL=nsl,
                 NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
-                CPPP2=_p2(-(-nch // max(1, blocks // rt))), **extra)
+                RP=max(1, rp), CPPP2=_p2(-(-nch // max(1, rp))), **extra)
 
 
 def scratch_extra(key) -> list:
