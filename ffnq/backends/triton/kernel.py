@@ -1020,12 +1020,12 @@ def geometry(key) -> dict:
     # row) instead of every CTA on the whole tile after barrier 2: from 4 rows by default (v17: 3-4
     # us faster at 3-4 tokens, TP2 dev round 34; at 2 rows 0.9 us slower)
     rowtop = rt >= tune.get("RTOP", 4)
-    # CTAs per row in that pick (a power of two; the grid's share per row by default): each sums
-    # NCH/RP chunks' partial logits, the row's last arriver the RP slices. RPG caps it (fewer,
-    # longer slices: less for the last arriver to read)
+    # CTAs per row in that pick: the grid's share per row, or RPG (fewer, longer slices: less for
+    # the row's last arriver to read), rounded down to a power of two (the last arriver's
+    # tl.arange over the slices; a grid of 192 gives 32 per row at 4 rows, not 48)
     rp = min(blocks // rt, tune.get("RPG", blocks)) if rowtop else blocks // rt
-    if rowtop and rp & (rp - 1):
-        raise ValueError(f"FFNQ_TRITON_TUNE RPG={tune['RPG']}: CTAs per row must be a power of two")
+    if rowtop:
+        rp = 1 << (max(1, rp).bit_length() - 1)
     # fp8 x terms need |x| / max|post_norm| <= sqrt(H) inside e4m3's 448 (H <= 200704); asking
     # for them (the default) also asks for the scale on each K block's product, which a larger H
     # keeps on the fp16 path: the same rule as max_scale()
