@@ -1023,9 +1023,9 @@ def geometry(key) -> dict:
     # CTAs per row in that pick: the grid's share per row, or RPG (fewer, longer slices: less for
     # the row's last arriver to read), rounded down to a power of two (the last arriver's
     # tl.arange over the slices; a grid of 192 gives 32 per row at 4 rows, not 48)
-    rp = min(blocks // rt, tune.get("RPG", blocks)) if rowtop else blocks // rt
+    rp = max(1, blocks // rt)
     if rowtop:
-        rp = 1 << (max(1, rp).bit_length() - 1)
+        rp = 1 << (max(1, min(rp, tune.get("RPG", rp))).bit_length() - 1)
     # fp8 x terms need |x| / max|post_norm| <= sqrt(H) inside e4m3's 448 (H <= 200704); asking
     # for them (the default) also asks for the scale on each K block's product, which a larger H
     # keeps on the fp16 path: the same rule as max_scale()
@@ -1053,7 +1053,7 @@ def geometry(key) -> dict:
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rowtop, NSL=nsl,
                 NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
-                RP=max(1, rp), CPPP2=_p2(-(-nch // max(1, rp))), **extra)
+                RP=rp, CPPP2=_p2(-(-nch // rp)), **extra)
 
 
 def scratch_extra(key) -> list:
@@ -1067,7 +1067,7 @@ def scratch_extra(key) -> list:
            ("plog", torch.float32, (g["NCH"], S, g["EP2"])), ("ecta", torch.int32, (key.blocks, g["EP2"])),
            ("sub", torch.int64, (key.blocks, 16)), ("sync", torch.int32, (g["NSYNC"],)),
            ("sel", torch.int32, (S, g["EP2"])), ("rowcnt", torch.int32, (16,)),
-           ("rpart", torch.float32, (S, key.blocks // g["RT"], g["EP2"]))]
+           ("rpart", torch.float32, (S, g["RP"], g["EP2"]))]
     if g["NSLOT"]:
         out.append(("act", torch.float16, (g["NSLOT"], 16, g["I_R"])))
         out.append(("ypart", torch.float32, (g["NSLOT"], S, H)))
