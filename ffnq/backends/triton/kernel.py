@@ -547,7 +547,7 @@ def ffn_kernel(
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, RP: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
-    FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr,
+    FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, FLAT2: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -850,7 +850,45 @@ def ffn_kernel(
             if w < n1:
                 w += ((n1 - w + BLOCKS - 1) // BLOCKS) * BLOCKS
             w0 = w
-            while w < n1 + n_act * NHT:
+            n_end = n1 + n_act * NHT
+            if FLAT2:
+                # this CTA's items as one loop of K blocks, so the pipeline runs on across items
+                # (an item's own loop paid its fill, ~1.6 us, dev round 26); its loads run ahead
+                # of the item they belong to, so every slot this CTA reads is waited for first
+                while w < n_end:
+                    _wait_count(sync + (w - n1) // NHT, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
+                    w += BLOCKS
+                _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
+                KI: tl.constexpr = I_R // 128
+                n_it = tl.where(w0 < n_end, (n_end - w0 + BLOCKS - 1) // BLOCKS, 0) * KI
+                yt = tl.zeros((BH, SP), tl.float32)
+                for it in tl.range(0, n_it, num_stages=NS):
+                    wi = w0 + (it // KI) * BLOCKS
+                    k0 = (it % KI) * 128
+                    j = (wi - n1) // NHT
+                    t = (wi - n1) % NHT
+                    ej = tl.load(ecta + j)
+                    le = ej.to(tl.int64)
+                    if MODE == 1:
+                        le = (ej - first_expert).to(tl.int64)
+                    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
+                                mask=rmask[None, :], other=0.0, cache_modifier=".cg")
+                    wq = tl.load(w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R + k0 + ki[None, :])
+                    sc2 = tl.load(s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128) + k0 // 128)
+                    yt = _mma_sc(wq, sc2 * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                    if it % KI == KI - 1:
+                        tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
+                                 yt * (1.0 / SHIFT), mask=rmask[None, :])
+                        yt = tl.zeros((BH, SP), tl.float32)
+                # the items counted once all are stored: a CTA barrier inside the loop (every thread's
+                # stores before the one-thread release) stops Triton from pipelining it
+                tl.debug_barrier()
+                w = w0
+                while w < n_end:
+                    tl.atomic_add(sync + NSL + (w - n1) % NHT, 1, sem="release", scope="gpu")
+                    w += BLOCKS
+                _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
+            while w < n_end:
                 j = (w - n1) // NHT
                 t = (w - n1) % NHT
                 ej = tl.load(ecta + j)
@@ -1048,6 +1086,10 @@ def geometry(key) -> dict:
     seg = -(-nsync // blocks)
     # NSS: the pipeline depth at up to 4 tokens, where SQ=4 leaves shared memory for more stages
     ns = tune.get("NSS", NUM_STAGES_EXPERTS) if sq <= 4 else NUM_STAGES_EXPERTS
+    # FLAT2: stage 2 as one pipelined loop over a CTA's items, each slot waited for up front: 1 where
+    # stage 1 is one round of items (every slot's tiles end together), 2 at every width
+    flat2 = tune.get("FLAT2", 0)
+    extra["FLAT2"] = flat2 == 2 or (flat2 == 1 and nslot * (i_r // bn if i_r else 1) * ks <= blocks)
     return dict(BH=bh, JB=jb, SQ=sq, NS=tune.get("NS", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
