@@ -860,7 +860,7 @@ def ffn_kernel(
                     w += BLOCKS
                 _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
                 KI: tl.constexpr = I_R // 128
-                n_it = tl.where(w0 < n_end, (n_end - w0 + BLOCKS - 1) // BLOCKS, 0) * KI
+                n_it = ((n_end - w0 + BLOCKS - 1) // BLOCKS) * KI  # w0 < n_end + BLOCKS: >= 0
                 yt = tl.zeros((BH, SP), tl.float32)
                 for it in tl.range(0, n_it, num_stages=NS):
                     wi = w0 + (it // KI) * BLOCKS
