@@ -194,6 +194,8 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.weights import shard, synthetic
+    if "FLAT2" in tune:  # 16 CTAs: three stage-2 items each, one loop across them
+        monkeypatch.setattr(TritonRunner, "BLOCKS", 16)
     spec = load_model("tiny")
     full = synthetic(spec, seed=2)
     w = shard(full, spec, 1, 0, Experts.ALL)
@@ -299,6 +301,8 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.weights import shard, synthetic
+    if "FLAT2" in tune:  # 16 CTAs: two stage-2 items each, one loop across them
+        monkeypatch.setattr(TritonRunner, "BLOCKS", 16)
     spec, tp, S = load_model("tiny"), 2, 3
     nb = TritonRunner.peer_bytes(spec, tp)
     bufs = [torch.zeros(nb, dtype=torch.uint8) for _ in range(tp)]

@@ -522,6 +522,33 @@ def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.c
             _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
 
 
+@triton.jit
+def _s2_step(it, yt, w0, n1, w2, s2, act, ecta, ypart, first_expert, rows, rmask, ki, hh, KI: tl.constexpr,
+             NHT: tl.constexpr, BLOCKS: tl.constexpr, BH: tl.constexpr, SP: tl.constexpr, S: tl.constexpr,
+             H: tl.constexpr, I_R: tl.constexpr, MODE: tl.constexpr, SHIFT: tl.constexpr, INTERP: tl.constexpr,
+             IS_HIP: tl.constexpr, SACC: tl.constexpr):
+    """K block it % KI of this CTA's stage-2 item it // KI (FLAT2): the block's MMA into yt; the
+    item's last block stores its ypart tile and returns a cleared accumulator."""
+    wi = w0 + (it // KI) * BLOCKS
+    k0 = (it % KI) * 128
+    j = (wi - n1) // NHT
+    t = (wi - n1) % NHT
+    ej = tl.load(ecta + j)
+    le = ej.to(tl.int64)
+    if MODE == 1:
+        le = (ej - first_expert).to(tl.int64)
+    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None], mask=rmask[None, :], other=0.0,
+                cache_modifier=".cg")
+    wq = tl.load(w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R + k0 + ki[None, :])
+    sc = tl.load(s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128) + k0 // 128)
+    yt = _mma_sc(wq, sc * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+    if it % KI == KI - 1:
+        tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt * (1.0 / SHIFT),
+                 mask=rmask[None, :])
+        yt = tl.zeros((BH, SP), tl.float32)
+    return yt
+
+
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
@@ -862,24 +889,16 @@ def ffn_kernel(
                 KI: tl.constexpr = I_R // 128
                 n_it = ((n_end - w0 + BLOCKS - 1) // BLOCKS) * KI  # w0 < n_end + BLOCKS: >= 0
                 yt = tl.zeros((BH, SP), tl.float32)
-                for it in tl.range(0, n_it, num_stages=NS):
-                    wi = w0 + (it // KI) * BLOCKS
-                    k0 = (it % KI) * 128
-                    j = (wi - n1) // NHT
-                    t = (wi - n1) % NHT
-                    ej = tl.load(ecta + j)
-                    le = ej.to(tl.int64)
-                    if MODE == 1:
-                        le = (ej - first_expert).to(tl.int64)
-                    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
-                                mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                    wq = tl.load(w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R + k0 + ki[None, :])
-                    sc2 = tl.load(s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128) + k0 // 128)
-                    yt = _mma_sc(wq, sc2 * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-                    if it % KI == KI - 1:
-                        tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
-                                 yt * (1.0 / SHIFT), mask=rmask[None, :])
-                        yt = tl.zeros((BH, SP), tl.float32)
+                if INTERP:  # its range() takes no runtime bound
+                    it = n_it * 0
+                    while it < n_it:
+                        yt = _s2_step(it, yt, w0, n1, w2, s2, act, ecta, ypart, first_expert, rows, rmask, ki, hh,
+                                      KI, NHT, BLOCKS, BH, SP, S, H, I_R, MODE, SHIFT, INTERP, IS_HIP, SACC)
+                        it += 1
+                else:
+                    for it in tl.range(0, n_it, num_stages=NS):
+                        yt = _s2_step(it, yt, w0, n1, w2, s2, act, ecta, ypart, first_expert, rows, rmask, ki, hh,
+                                      KI, NHT, BLOCKS, BH, SP, S, H, I_R, MODE, SHIFT, INTERP, IS_HIP, SACC)
                 # the items counted once all are stored: a CTA barrier inside the loop (every thread's
                 # stores before the one-thread release) stops Triton from pipelining it
                 tl.debug_barrier()
