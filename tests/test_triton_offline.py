@@ -89,12 +89,6 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # a grid that is not a power of two: 192 CTAs over 4 rows is 48 each, 32 taken
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4, blocks=192))["RP"] == 32
     assert all((3072 // 128) % g["KS"] == 0 for g in geo.values())
-    assert not any(g["FLAT2"] for g in geo.values())
-    # FLAT2=1: stage 2 as one loop per CTA only where stage 1 is one round (192 items at one and
-    # two tokens, 288 at three)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FLAT2=1")
-    # two tokens, and the number is a CTA's most stage-2 items (one token: 8 x 48 on 256 CTAs)
-    assert [K.geometry(offline.build_key(spec, 2, Experts.ALL, s))["FLAT2"] for s in (1, 2, 3, 16)] == [2, 4, 0, 0]
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=5")
     with pytest.raises(ValueError, match="KS=5"):
         K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))
@@ -183,19 +177,16 @@ def test_static_formulas():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "FLAT2=2"])
+@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
-    4 CTAs per row in the per-row pick (RPG=4: most CTAs sit the pick out), and with stage 2 as one
-    loop per CTA (FLAT2=2)."""
+    4 CTAs per row in the per-row pick (RPG=4: most CTAs sit the pick out)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.weights import shard, synthetic
-    if "FLAT2" in tune:  # 16 CTAs: three stage-2 items each, one loop across them
-        monkeypatch.setattr(TritonRunner, "BLOCKS", 16)
     spec = load_model("tiny")
     full = synthetic(spec, seed=2)
     w = shard(full, spec, 1, 0, Experts.ALL)
@@ -291,18 +282,16 @@ def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
-                                          (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1"), (Experts.LOCAL, "FLAT2=2")])
+                                          (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1")])
 def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
-    and once with the flagged exchanges (LL=0, CDNA's); LOCAL again with stage 2 as one loop per CTA."""
+    and once with the flagged exchanges (LL=0, CDNA's)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.weights import shard, synthetic
-    if "FLAT2" in tune:  # 16 CTAs: two stage-2 items each, one loop across them
-        monkeypatch.setattr(TritonRunner, "BLOCKS", 16)
     spec, tp, S = load_model("tiny"), 2, 3
     nb = TritonRunner.peer_bytes(spec, tp)
     bufs = [torch.zeros(nb, dtype=torch.uint8) for _ in range(tp)]

@@ -522,33 +522,6 @@ def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.c
             _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
 
 
-@triton.jit
-def _s2_step(it, yt, w0, n1, w2, s2, act, les, ypart, rows, rmask, ki, hh, KI: tl.constexpr, NHT: tl.constexpr,
-             BLOCKS: tl.constexpr, BH: tl.constexpr, SP: tl.constexpr, S: tl.constexpr, H: tl.constexpr,
-             I_R: tl.constexpr, MI: tl.constexpr, SHIFT: tl.constexpr, INTERP: tl.constexpr, IS_HIP: tl.constexpr,
-             SACC: tl.constexpr):
-    """K block it % KI of this CTA's stage-2 item it // KI (FLAT2): the block's MMA into yt; the
-    item's last block stores its ypart tile and returns a cleared accumulator. les [MI]: the local
-    expert of each item, in registers (a load of it in the loop is a load the next blocks' addresses
-    wait on: Triton then keeps one block in flight, not NS - 1)."""
-    m = it // KI
-    wi = w0 + m * BLOCKS
-    k0 = (it % KI) * 128
-    j = (wi - n1) // NHT
-    t = (wi - n1) % NHT
-    le = tl.sum(tl.where(tl.arange(0, MI) == m, les, 0), axis=0).to(tl.int64)
-    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None], mask=rmask[None, :], other=0.0,
-                cache_modifier=".cg")
-    wq = tl.load(w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R + k0 + ki[None, :])
-    sc = tl.load(s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128) + k0 // 128)
-    yt = _mma_sc(wq, sc * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-    if it % KI == KI - 1:
-        tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt * (1.0 / SHIFT),
-                 mask=rmask[None, :])
-        yt = tl.zeros((BH, SP), tl.float32)
-    return yt
-
-
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
@@ -574,7 +547,7 @@ def ffn_kernel(
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, RP: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
-    FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, FLAT2: tl.constexpr,
+    FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -877,43 +850,7 @@ def ffn_kernel(
             if w < n1:
                 w += ((n1 - w + BLOCKS - 1) // BLOCKS) * BLOCKS
             w0 = w
-            n_end = n1 + n_act * NHT
-            if FLAT2:
-                # this CTA's items as one loop of K blocks, so the pipeline runs on across items
-                # (an item's own loop paid its fill, ~1.6 us, dev round 26); its loads run ahead
-                # of the item they belong to, so every slot this CTA reads is waited for first
-                while w < n_end:
-                    _wait_count(sync + (w - n1) // NHT, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
-                    w += BLOCKS
-                _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
-                KI: tl.constexpr = I_R // 128
-                n_my = (n_end - w0 + BLOCKS - 1) // BLOCKS  # this CTA's items (w0 < n_end + BLOCKS: >= 0)
-                n_it = n_my * KI
-                MI: tl.constexpr = FLAT2
-                mi = tl.arange(0, MI)
-                les = tl.load(ecta + (w0 + mi * BLOCKS - n1) // NHT, mask=mi < n_my, other=0)
-                if MODE == 1:
-                    les = les - first_expert
-                yt = tl.zeros((BH, SP), tl.float32)
-                if INTERP:  # its range() takes no runtime bound
-                    it = n_it * 0
-                    while it < n_it:
-                        yt = _s2_step(it, yt, w0, n1, w2, s2, act, les, ypart, rows, rmask, ki, hh, KI, NHT, BLOCKS,
-                                      BH, SP, S, H, I_R, MI, SHIFT, INTERP, IS_HIP, SACC)
-                        it += 1
-                else:
-                    for it in tl.range(0, n_it, num_stages=NS):
-                        yt = _s2_step(it, yt, w0, n1, w2, s2, act, les, ypart, rows, rmask, ki, hh, KI, NHT, BLOCKS,
-                                      BH, SP, S, H, I_R, MI, SHIFT, INTERP, IS_HIP, SACC)
-                # the items counted once all are stored: a CTA barrier inside the loop (every thread's
-                # stores before the one-thread release) stops Triton from pipelining it
-                tl.debug_barrier()
-                w = w0
-                while w < n_end:
-                    tl.atomic_add(sync + NSL + (w - n1) % NHT, 1, sem="release", scope="gpu")
-                    w += BLOCKS
-                _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
-            while w < n_end:
+            while w < n1 + n_act * NHT:
                 j = (w - n1) // NHT
                 t = (w - n1) % NHT
                 ej = tl.load(ecta + j)
@@ -1111,13 +1048,6 @@ def geometry(key) -> dict:
     seg = -(-nsync // blocks)
     # NSS: the pipeline depth at up to 4 tokens, where SQ=4 leaves shared memory for more stages
     ns = tune.get("NSS", NUM_STAGES_EXPERTS) if sq <= 4 else NUM_STAGES_EXPERTS
-    # FLAT2: stage 2 as one pipelined loop over a CTA's items, each slot waited for up front: 1 where
-    # stage 1 is one round of items (every slot's tiles end together), 2 at every width
-    # (the constexpr: 0 off, else the power of two >= a CTA's most stage-2 items, its register list)
-    flat2 = tune.get("FLAT2", 0)
-    nt1 = i_r // bn if i_r else 1
-    on = flat2 == 2 or (flat2 == 1 and nslot * nt1 * ks <= blocks)
-    extra["FLAT2"] = _p2(-(-nslot * (H // bh) // blocks)) if on and nslot else 0
     return dict(BH=bh, JB=jb, SQ=sq, NS=tune.get("NS", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
