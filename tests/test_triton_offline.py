@@ -66,9 +66,9 @@ def test_local_and_none_modes_compile():
 def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     """The host-side choices behind v12: one token's 96 stage-1 items of MiniMax-M2 at TP2 split
     in two K parts on 256 CTAs (192 items, one round), four tokens' 384 in two (768 = three
-    full rounds, not 1.5); rows >= 3 pick their top-k one row per CTA group (v17); stage 1 gives
-    each x term 8 token columns at 7-8 tokens, 16 elsewhere (v17); RPG caps the CTAs per row of
-    that pick, always a power of two."""
+    full rounds, not 1.5); rows >= 2 pick their top-k one row per CTA group (v18; from 3 in v17);
+    stage 1 gives each x term 8 token columns at 7-8 tokens, 16 elsewhere (v17); RPG caps the CTAs
+    per row of that pick, 16 by default (v18), always a power of two."""
     from ffnq.backends.triton import kernel as K
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")
@@ -77,17 +77,19 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # nine tokens: 105 rounds x steps split in two against 108 whole, but the fix-up of a split
     # tile costs more than that (KSFIX, v17): whole K
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 9))["KS"] == 1
-    assert [geo[s]["ROWTOP"] for s in (1, 2, 3, 4, 5, 16)] == [False, False, True, True, True, True]
+    assert [geo[s]["ROWTOP"] for s in (1, 2, 3, 4, 5, 16)] == [False, True, True, True, True, True]
     assert [geo[s]["SQ"] for s in (1, 4, 6, 7, 8, 16)] == [16, 16, 16, 8, 8, 16]
-    assert [geo[s]["RP"] for s in (1, 4, 16)] == [256, 64, 16]  # the grid's share per row
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=16")
-    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["RP"] == 16
+    assert [geo[s]["RP"] for s in (1, 2, 4, 16)] == [256, 16, 16, 16]  # at most 16 CTAs per row (v18)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=64")
+    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["RP"] == 64  # the grid's share
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))["RP"] == 256  # no per-row pick there
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=12")
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["RP"] == 8  # a power of two
     monkeypatch.delenv("FFNQ_TRITON_TUNE")
     # a grid that is not a power of two: 192 CTAs over 4 rows is 48 each, 32 taken
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=64")
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4, blocks=192))["RP"] == 32
+    monkeypatch.delenv("FFNQ_TRITON_TUNE")
     assert all((3072 // 128) % g["KS"] == 0 for g in geo.values())
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=5")
     with pytest.raises(ValueError, match="KS=5"):

@@ -13,12 +13,12 @@ step does, for one width S:
   B  norm     every CTA: rstd per row from the per-chunk sums (fixed order: bitwise the same on
               every rank and CTA); x = h*rstd*post_norm for its chunk, divided by max|post_norm|,
               as four fp8 terms (each the rounding residue of the last x 16; fp16 hi + lo on CDNA);
-     router   rows <= 2: logits of its EPC experts = rstd * the chunks' partials summed in
-              chunk order; rows >= 3: BLOCKS/RT CTAs per row sum slices of that row's partials,
+     router   one row: logits of its EPC experts = rstd * the chunks' partials summed in
+              chunk order; rows >= 2: RP CTAs per row (16) sum slices of that row's partials,
               the last to arrive sums the slices in order and picks the row's top-k.
               Clears the expert phases' counters.
      -- grid barrier 2 --
-  C  top-k    rows <= 2: every CTA, redundantly, on a next_pow2(S)-row tile: sigmoid, biased
+  C  top-k    one row: every CTA, redundantly, on a next_pow2(S)-row tile: sigmoid, biased
               top-k (lowest index wins a tie), renormalised weights; CTA 0 writes route/route_w.
               Every CTA: the active-expert list.
      experts  stage 1 work items (active expert j, BN-row tile of I_r, K part), "swap AB": the gate/up
@@ -1017,15 +1017,16 @@ def geometry(key) -> dict:
         raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
     rt = _p2(key.tokens)
     # the row tile from which phase B picks each row's top-k (RT CTA groups, the last arriver of a
-    # row) instead of every CTA on the whole tile after barrier 2: from 4 rows by default (v17: 3-4
-    # us faster at 3-4 tokens, TP2 dev round 34; at 2 rows 0.9 us slower)
-    rowtop = rt >= tune.get("RTOP", 4)
-    # CTAs per row in that pick: the grid's share per row, or RPG (fewer, longer slices: less for
-    # the row's last arriver to read), rounded down to a power of two (the last arriver's
-    # tl.arange over the slices; a grid of 192 gives 32 per row at 4 rows, not 48)
+    # row) instead of every CTA on the whole tile after barrier 2: from 2 rows by default (v17 from
+    # 4: 3-4 us faster at 3-4 tokens, TP2 dev round 34, where 2 rows were 0.9 us slower with 128
+    # CTAs per row; v18 from 2 with 16 per row: 1.2-1.4 us faster at 2 tokens, TP1 rounds 37-38)
+    rowtop = rt >= tune.get("RTOP", 2)
+    # CTAs per row in that pick: at most RPG (v18: 16; the grid's share, 64 at 4 rows, left the
+    # row's last arriver 64 slices to read: 16 was 0.7-1.3 us faster at 4 tokens, 0.5-0.8 at 8, TP1
+    # rounds 37-38), rounded down to a power of two (the last arriver's tl.arange over the slices)
     rp = max(1, blocks // rt)
     if rowtop:
-        rp = 1 << (max(1, min(rp, tune.get("RPG", rp))).bit_length() - 1)
+        rp = 1 << (max(1, min(rp, tune.get("RPG", 16))).bit_length() - 1)
     # fp8 x terms need |x| / max|post_norm| <= sqrt(H) inside e4m3's 448 (H <= 200704); asking
     # for them (the default) also asks for the scale on each K block's product, which a larger H
     # keeps on the fp16 path: the same rule as max_scale()
