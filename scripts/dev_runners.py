@@ -9,3 +9,8 @@ class Triton256(TritonRunner):
 
 class Triton128(TritonRunner):
     BLOCKS = BLOCKS_ONE_TOKEN = 128
+
+
+class Triton264(TritonRunner):
+    # every CTA slot of an H200 (132 SMs x 2); not a power of two: the generation grid barrier
+    BLOCKS = BLOCKS_ONE_TOKEN = 264
