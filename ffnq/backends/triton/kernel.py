@@ -42,8 +42,9 @@ step does, for one width S:
               barrier 1 in the fused launch (every CTA has read it by then), by the last CTA out
               (exit count) in staged launches.
 
-Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] grid-barrier
-arrival count, [2] grid-barrier generation (BAR=0), [3] exit count (staged launches). Flags hold
+Epoch words (peer buffer "epoch", int32[6]): [0] epoch of the last launch, [1] arrival count of
+the generation barrier (BAR=0), [2] its generation, [3] exit count (staged launches), [4:6] int64
+arrival count of the counting barrier (BAR=1). Flags hold
 e (or -e once this rank faulted in this launch); a wait matches == e exactly. Every cross-GPU
 wait is bounded by timeout_ns from the start of that phase's wait; on expiry the first faulting
 CTA writes the scratch fault record and fault_box[rank] on every peer, and every later wait of
@@ -465,15 +466,16 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
                   IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr, CHK: tl.constexpr,
                   BAR: tl.constexpr):
     """Barrier over the co-resident grid, always passed, even after a fault (bounded as a last
-    resort). BAR: words[1] counts every arrival of every launch (uint32, wrapping; BLOCKS divides
-    2^32, so a multiple of BLOCKS at every launch boundary); a barrier is passed once it has grown
-    by BLOCKS from the multiple below this CTA's arrival: one arrival atomic per CTA, polls of the
-    same word, no reset. Else a generation barrier: words[1] counts arrivals, the last arriver
-    resets it and bumps the generation words[2], on which the others spin."""
+    resort). BAR: words[4:6] count every arrival of every launch (int64: a multiple of BLOCKS at
+    every launch boundary, for any BLOCKS, and no wrap in 2^63 arrivals; a uint32 count was a
+    multiple only for a power-of-two grid); a barrier is passed once it has grown by BLOCKS from
+    the multiple below this CTA's arrival: one arrival atomic per CTA, polls of the same word, no
+    reset. Else a generation barrier: words[1] counts arrivals, the last arriver resets it and
+    bumps the generation words[2], on which the others spin."""
     if STAGE == 0:
         tl.debug_barrier()
         if BAR:
-            cnt = (words + 1).to(tl.pointer_type(tl.uint32), bitcast=True)
+            cnt = (words + 4).to(tl.pointer_type(tl.int64), bitcast=True)
             old = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
             _spin_count(cnt, old + 1, old - old % BLOCKS, BLOCKS, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP,
                         INTERP, CHK)
@@ -502,7 +504,7 @@ def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constex
 def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, IS_HIP: tl.constexpr,
                 INTERP: tl.constexpr, CHK: tl.constexpr):
     """Spin until the GPU-local counter *ptr has grown by ``need`` from ``base`` (v: its last value
-    read; the difference wraps, so a uint32 count that never resets works). The count is work of
+    read). The count is work of
     other CTAs of this launch and always arrives, so the bound, 4x timeout, is a last resort that
     records a fault; the clock is read every CHK polls."""
     if v - base < need:
@@ -1041,7 +1043,7 @@ def geometry(key) -> dict:
     sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 7) <= key.tokens else 16
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
     # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words
-    extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)) and blocks & (blocks - 1) == 0,
+    extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)))
     nsl, nht = max(1, nslot), H // bh
