@@ -4,7 +4,7 @@
 # a failing step does not stop the next. Reports land in $OUT/reports.tgz (one file, since the
 # tool brings back at most 8), logs in $OUT/round.log.
 #   prewarm (both) prewarm1 prewarm2   fill Triton's cache for TP1/TP2 minimax-m2 with parallel CPU compiles
-#   warm2 qualify2 bench2 soak2 gate2   TP2 on 2 GPUs      warm1 qualify1 bench1 gate1   TP1
+#   warm2 qualify2 bench2 soak2 gate2   TP2 on 2 GPUs      warm1 qualify1 bench1 soak1 gate1   TP1
 #   vllm2 vllm2s   TP2 bench beside (b) and (d) = (b) with vLLM's fused_moe kernel (default / small-M config)
 #   SOAK_STEPS (default 100000) sets the soak's length
 set -o pipefail
@@ -42,6 +42,7 @@ for s in "$@"; do
     qualify2) step $s 240 $FF qualify $M --tp 2 --inject-rank all --out "$R" ;;
     bench1) step $s 150 $FF bench $M --tp 1 --widths 1-16 --rep-ms 300 --out "$R" ;;
     bench2) step $s 200 $FF bench $M --tp 2 --widths 1-16 --rep-ms 300 --out "$R" ;;
+    soak1) step $s 320 $FF soak $M --tp 1 --steps ${SOAK_STEPS:-100000} --widths 1-16 --random-padding --runners 2 --deadline 300 --out "$R" ;;
     soak2) step $s 320 $FF soak $M --tp 2 --steps ${SOAK_STEPS:-100000} --widths 1-16 --random-padding --runners 2 --deadline 300 --out "$R" ;;
     gate1) step $s 300 $FF gate configs/gates/h200-tp1.toml --out "$R" ;;
     vllm2|vllm2s)  # baseline (d): vLLM's fused_moe from third_party/ (git-ignored; carry it); vllm2s: small-M config
