@@ -127,6 +127,7 @@ def test_launch_and_sync_choices(monkeypatch):
 
     cuda = cx(1)
     assert cuda["PDL"] and cuda["FENCE"] and cuda["BAR"] and cuda["SORT"] and cuda["LL"] and cuda["CHK"] == 8
+    assert not cuda["PRE"]  # the seam's reads before the push: a tune key, unmeasured
     assert cx(1, interp=True)["LL"] and not cx(1, hip=True)["LL"]
     assert K.launch_options(cuda) == {"launch_cooperative_grid": True, "launch_pdl": True}
     for c in (cx(1, hip=True), cx(1, interp=True)):

@@ -549,7 +549,7 @@ def ffn_kernel(
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, RP: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
-    FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr,
+    FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -603,6 +603,15 @@ def ffn_kernel(
         # the reads of this phase issued together (one wait, not one round trip each)
         offs = rows[:, None] * H + ccols[None, :]
         p = tl.load(part + offs, mask=m2, other=0.0)
+        if PRE & (STAGE == 0):
+            # the seam's other reads issued here, beside the push (PRE; only loads: a reduction
+            # here would hold the push until its bytes came): at TP1 they took ~3 us after it
+            rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
+                           mask=cmask[:, None] & evalid[None, :], other=0.0)
+            pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
+            h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)
+            if F8:
+                pn_all = tl.load(post_norm + tl.arange(0, HP2), mask=tl.arange(0, HP2) < H, other=0.0)
         faulted = tl.load(fault + F_EPOCH, cache_modifier=".cg") == e.to(tl.int64)
         if pid == 0:
             if not faulted:
@@ -625,13 +634,17 @@ def ffn_kernel(
     if (STAGE == 0) | (STAGE == 6):
         # this chunk's columns of the router [E, CH], loaded before the wait: its HBM latency
         # hides behind the link; the logits are split over K (chunks) so no CTA needs all of x
-        rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
-                       mask=cmask[:, None] & evalid[None, :], other=0.0)
-        pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
-        if F8 & (STAGE == 0):  # x's range for its fp8 terms (phase B, stage 1), read before the link's wait too
-            xsig = _xsig(post_norm, H, HP2)
         offs = rows[:, None] * H + ccols[None, :]
-        h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)  # so is the residual
+        if PRE & (STAGE == 0):
+            if F8:
+                xsig = tl.maximum(tl.max(tl.abs(pn_all), axis=0), 1e-30)  # _xsig on the early read
+        else:
+            rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
+                           mask=cmask[:, None] & evalid[None, :], other=0.0)
+            pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
+            if F8 & (STAGE == 0):  # x's range for its fp8 terms (phase B, stage 1), read before the link's wait too
+                xsig = _xsig(post_norm, H, HP2)
+            h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)  # so is the residual
         h += _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_SEAM, P_SEAM_LL, PH_SEAM, P_FLAGS,
                      P_FBOX, TP, MT, H, BLOCKS, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
         tl.store(res_out + offs, h.to(tl.bfloat16), mask=m2)
@@ -1042,10 +1055,11 @@ def geometry(key) -> dict:
     nx = 4 if f8 else 2
     sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 7) <= key.tokens else 16
     # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
-    # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words
+    # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words;
+    # PRE: the seam's reads of the router, post_norm and residual issued before the push
     extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
-                 LL=bool(tune.get("LL", 1)))
+                 LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 0)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
