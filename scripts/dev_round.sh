@@ -38,7 +38,7 @@ for v in "$@"; do
   [ "$b" = default ] && RN="--backend triton" || RN="--runner scripts.dev_runners:Triton$b"
   echo "=== variant $v bench at +$(( $(date +%s) - T0 ))s"
   timeout -k 5 150 python3 -m ffnq.cli bench $RN --model minimax-m2 --tp $TP --widths ${WIDTHS:-1,2,4,8,16} --rep-ms 200 \
-    --out "$R" 2>&1 | tail -n 14
+    --out "$R" 2>&1 | tail -n 26  # the whole table at 16 widths
 done
 echo "dev round total $(( $(date +%s) - T0 ))s"
 } 2>&1 | tee "$OUT/dev.log"
