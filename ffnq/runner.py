@@ -70,7 +70,7 @@ class Runner:
                                  timeout_ns=int(self.timeout * 1e9), blocks=self.blocks_for(s), **build)
                      for s in self.widths}
         self.layouts = {s: scratch_layout(k, self.scratch_extra(k)) for s, k in self.keys.items()}
-        self.peer_regions = peer_layout(self.model, tp, self.BLOCKS)
+        self.peer_regions = peer_layout(self.model, tp, self.flag_blocks())
         self.scratch = {s: torch.zeros(layout_bytes(lay), dtype=torch.uint8, device=self.device)
                         for s, lay in self.layouts.items()}
         self.own = self.peer_view(self.sym)  # uint8 view of this rank's peer buffer
@@ -86,12 +86,17 @@ class Runner:
 
     @classmethod
     def blocks_for(cls, width: int) -> int:
-        """The grid of a width's kernel (<= BLOCKS, which sizes the peer buffer's flags)."""
+        """The grid of a width's kernel (<= flag_blocks(), which sizes the peer buffer's flags)."""
+        return cls.BLOCKS
+
+    @classmethod
+    def flag_blocks(cls) -> int:
+        """The largest grid of any width: the peer buffer's flags hold one slot per CTA of it."""
         return cls.BLOCKS
 
     @classmethod
     def peer_bytes(cls, model: ModelSpec, tp: int) -> int:
-        return layout_bytes(peer_layout(model, tp, cls.BLOCKS))
+        return layout_bytes(peer_layout(model, tp, cls.flag_blocks()))
 
     @classmethod
     def open_peers(cls, model: ModelSpec, tp: int, rank: int, device: torch.device, tag: str) -> PeerBuffer:

@@ -135,6 +135,18 @@ def test_launch_and_sync_choices(monkeypatch):
         assert K.launch_options(c) == {"launch_cooperative_grid": True}
     assert [cx(s)["BH"] for s in (1, 2, 3, 16)] == [64, 64, 128, 128]
     assert cx(4, blocks=128)["BAR"] and cx(4, blocks=192)["BAR"]  # an int64 count: any grid
+    # development keys (unmeasured): a width's own grid needs the barrier that resets per launch
+    # (BAR=2), sizes the peer buffer's flags for the largest grid, and R1 caps width 1's registers
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.errors import UsageError
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "G1=396")
+    with pytest.raises(UsageError, match="G1=396: a grid per width needs BAR=2"):
+        TritonRunner.blocks_for(1)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "G1=396,BAR=2,R1=168")
+    assert (TritonRunner.blocks_for(1), TritonRunner.blocks_for(2), TritonRunner.flag_blocks()) == (396, 256, 396)
+    assert cx(1)["BAR"] == 2 and K.launch_options(cx(1))["maxnreg"] == 168 and "maxnreg" not in K.launch_options(cx(2))
+    assert "maxnreg" not in K.launch_options(cx(1, hip=True))
+    assert TritonRunner.peer_bytes(spec, 2) > TritonRunner.peer_bytes(spec, 1)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,BAR=0,FENCE=0,CHK=1,SORT=0,BH=128,LL=0")
     v14 = cx(1)
     assert not (v14["PDL"] or v14["BAR"] or v14["FENCE"] or v14["SORT"] or v14["LL"])
@@ -180,11 +192,12 @@ def test_static_formulas():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4"])
+@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
-    4 CTAs per row in the per-row pick (RPG=4: most CTAs sit the pick out)."""
+    4 CTAs per row in the per-row pick (RPG=4: most CTAs sit the pick out), and with the seam's
+    partial logits over the live rows as FMAs, not a 16-row dot (PLR=4)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -285,11 +298,12 @@ def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
-                                          (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1")])
+                                          (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1"), (Experts.ALL, "PLR=4")])
 def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
-    and once with the flagged exchanges (LL=0, CDNA's)."""
+    and once with the flagged exchanges (LL=0, CDNA's); ALL again with the seam's partial logits
+    over the live rows (PLR=4)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference

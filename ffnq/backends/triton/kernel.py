@@ -464,17 +464,31 @@ def _wait_fault(fault, peers, mine, e, PHASE: tl.constexpr, rank, missing, neg, 
 @triton.jit
 def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, BLOCKS: tl.constexpr,
                   IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr, CHK: tl.constexpr,
-                  BAR: tl.constexpr):
+                  BAR: tl.constexpr, LAST: tl.constexpr):
     """Barrier over the co-resident grid, always passed, even after a fault (bounded as a last
-    resort). BAR: words[4:6] count every arrival of every launch (int64: a multiple of BLOCKS at
+    resort). BAR=1: words[4:6] count every arrival of every launch (int64: a multiple of BLOCKS at
     every launch boundary, for any BLOCKS, and no wrap in 2^63 arrivals; a uint32 count was a
     multiple only for a power-of-two grid); a barrier is passed once it has grown by BLOCKS from
     the multiple below this CTA's arrival: one arrival atomic per CTA, polls of the same word, no
-    reset. Else a generation barrier: words[1] counts arrivals, the last arriver resets it and
-    bumps the generation words[2], on which the others spin."""
+    reset. That needs every launch on these words to have the same grid, or grids that divide
+    each other's. BAR=2 takes launches of any grids in any order: words[1] counts this launch's
+    arrivals from 0, barrier k is passed at k x BLOCKS, and the last arrival of the launch's LAST
+    barrier sets it back to 0 (a release: the next launch starts after this one's end); a CTA
+    still polling sees either the full count or the 0, both past its own arrival (uint32
+    difference). Else (BAR=0) a generation barrier: words[1] counts arrivals, the last arriver
+    resets it and bumps the generation words[2], on which the others spin."""
     if STAGE == 0:
         tl.debug_barrier()
-        if BAR:
+        if BAR == 2:
+            cnt = (words + 1).to(tl.pointer_type(tl.uint32), bitcast=True)
+            old = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            full = 2 * BLOCKS if LAST else BLOCKS
+            if LAST:
+                if old == 2 * BLOCKS - 1:
+                    tl.atomic_xchg(cnt, 0, sem="release", scope="gpu")
+            _spin_count(cnt, old + 1, old + 1, full - 1 - old, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP,
+                        INTERP, CHK)
+        elif BAR:
             cnt = (words + 4).to(tl.pointer_type(tl.int64), bitcast=True)
             old = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
             _spin_count(cnt, old + 1, old - old % BLOCKS, BLOCKS, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP,
@@ -550,6 +564,7 @@ def ffn_kernel(
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
+    PLR: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -653,11 +668,20 @@ def ffn_kernel(
             tl.store(_as(scratch, SC_SSQ, tl.float32) + pid * SP + rows, tl.sum(h * h, axis=1))
             # partial logits of every expert over this chunk: sum_k h*post_norm*router (exact fp32
             # FMA); rstd factors out and is applied once the chunks' sums of squares are all in
-            pl = tl.dot(h * pn_c[None, :], rt_c, input_precision="ieee")
-            tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + rows[:, None]) * EP2 + ecols[None, :], pl,
-                     mask=rmask[:, None] & evalid[None, :])
+            if RT <= PLR:
+                # (PLR) only the RT live rows, as FMAs summed over the chunk: the dot's 16-row tile
+                # is 513 FFMA per thread at any width; rows 0..RT-1 are group 0 of a [16/RT, RT] split
+                g3 = tl.reshape(h * pn_c[None, :], (SP // RT, RT, CHP2))
+                hr = tl.sum(tl.where((tl.arange(0, SP // RT) == 0)[:, None, None], g3, 0.0), axis=0)
+                pl = tl.sum(hr[:, :, None] * rt_c[None, :, :], axis=1)  # [RT, EP2]
+                tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + rows_r[:, None]) * EP2 + ecols[None, :], pl,
+                         mask=rmask_r[:, None] & evalid[None, :])
+            else:
+                pl = tl.dot(h * pn_c[None, :], rt_c, input_precision="ieee")
+                tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + rows[:, None]) * EP2 + ecols[None, :], pl,
+                         mask=rmask[:, None] & evalid[None, :])
         _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, BAR)
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, BAR, False)
     if (STAGE == 0) & (pid == 0):
         # every CTA read the epoch before barrier 1, so it moves on here (also after a fault);
         # the next launch reads it after the kernel boundary (or gdc_wait): no exit counter
@@ -738,7 +762,7 @@ def ffn_kernel(
             tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecol[None, :], lg,
                      mask=rmask_r[:, None] & emask[None, :])
         _stamp(sub_row, 1, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, BAR)
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, BAR, True)
 
     # ------------------------------------------------------------------------------ C: top-k + experts stage 1
     sync = _as(scratch, SC_SYNC, tl.int32)  # [NSL] stage-1 tiles done per slot, [NHT] stage-2 items done per H tile, [NSL*NT] split-K arrivals
@@ -1054,12 +1078,14 @@ def geometry(key) -> dict:
     # spread, at 6 slower (the build spills), at 1-4 slower (round 33)
     nx = 4 if f8 else 2
     sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 7) <= key.tokens else 16
-    # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier; PDL:
+    # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier (2: the
+    # one that takes launches of different grids on one buffer, see _grid_barrier); PDL:
     # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words;
-    # PRE: the seam's reads of the router, post_norm and residual issued before the push
-    extra = dict(CHK=tune.get("CHK", 8), BAR=bool(tune.get("BAR", 1)),
+    # PRE: the seam's reads of the router, post_norm and residual issued before the push; PLR=n:
+    # the seam's partial logits over the live rows, not a 16-row dot, up to a row tile of n
+    extra = dict(CHK=tune.get("CHK", 8), BAR=2 if tune.get("BAR") == 2 else bool(tune.get("BAR", 1)),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
-                 LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 0)))
+                 LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 0)), PLR=tune.get("PLR", 0))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -1125,8 +1151,12 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
 
 def launch_options(cx: dict) -> dict:
     """The launch options of a build with constexprs ``cx`` (part of the compiled variant; the
-    HIP backend knows no launch_pdl, so it is named only where asked for)."""
-    return dict(launch_cooperative_grid=True, **({"launch_pdl": True} if cx.get("PDL") else {}))
+    HIP backend knows no launch_pdl, so it is named only where asked for). FFNQ_TRITON_TUNE
+    "R1=168": at most 168 registers per thread at width 1 (ptxas's maxnreg, NVIDIA only), so
+    that 3 CTAs of 128 threads fit an SM's 64K registers (with a grid of 3 x SMs, "G1=396")."""
+    opts = dict(launch_cooperative_grid=True, **({"launch_pdl": True} if cx.get("PDL") else {}))
+    regs = None if cx.get("IS_HIP") else _tune().get(f"R{cx.get('S')}")
+    return dict(opts, maxnreg=regs) if regs else opts
 
 
 def signature(fp8: str = "fp8e4nv") -> dict:
