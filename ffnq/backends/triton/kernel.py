@@ -43,8 +43,9 @@ step does, for one width S:
               (exit count) in staged launches.
 
 Epoch words (peer buffer "epoch", int32[6]): [0] epoch of the last launch, [1] arrival count of
-the generation barrier (BAR=0), [2] its generation, [3] exit count (staged launches), [4:6] int64
-arrival count of the counting barrier (BAR=1). Flags hold
+the generation barrier (BAR=0) or of the per-launch one (BAR=2), [2] the generation (BAR=0), [3]
+exit count (staged launches), [4:6] int64 arrival count of the counting barrier (BAR=1, the
+default). Flags hold
 e (or -e once this rank faulted in this launch); a wait matches == e exactly. Every cross-GPU
 wait is bounded by timeout_ns from the start of that phase's wait; on expiry the first faulting
 CTA writes the scratch fault record and fault_box[rank] on every peer, and every later wait of
