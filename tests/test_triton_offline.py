@@ -117,7 +117,7 @@ def test_launch_and_sync_choices(monkeypatch):
     with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;
     CDNA and the interpreter do neither PDL nor the fence (griddepcontrol and the fence are
     PTX, HIP's launcher knows no launch_pdl); the counting grid barrier takes any grid (an int64
-    count, v19); stage-2 tiles have 64 rows at one or two tokens. FFNQ_TRITON_TUNE turns each back."""
+    count, v18); stage-2 tiles have 64 rows at one or two tokens. FFNQ_TRITON_TUNE turns each back."""
     from ffnq.backends.triton import kernel as K
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")

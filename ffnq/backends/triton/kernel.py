@@ -224,9 +224,19 @@ def _fp8(v, INTERP: tl.constexpr):
 @triton.jit
 def _xsig(post_norm, H: tl.constexpr, HP2: tl.constexpr):
     """max |post_norm|: with it |x| / xsig <= sqrt(H) (|h_i| * rstd <= sqrt(H)), in fp8 range."""
+    return _xsig_of(_post_norm_all(post_norm, H, HP2))
+
+
+@triton.jit
+def _post_norm_all(post_norm, H: tl.constexpr, HP2: tl.constexpr):
     hh = tl.arange(0, HP2)
-    pm = tl.max(tl.abs(tl.load(post_norm + hh, mask=hh < H, other=0.0)), axis=0)
-    return tl.maximum(pm, 1e-30)
+    return tl.load(post_norm + hh, mask=hh < H, other=0.0)
+
+
+@triton.jit
+def _xsig_of(pn):
+    """_xsig on post_norm already read (PRE reads it before the seam's push, reduces it after)."""
+    return tl.maximum(tl.max(tl.abs(pn), axis=0), 1e-30)
 
 
 @triton.jit
@@ -519,9 +529,8 @@ def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constex
 def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, IS_HIP: tl.constexpr,
                 INTERP: tl.constexpr, CHK: tl.constexpr):
     """Spin until the GPU-local counter *ptr has grown by ``need`` from ``base`` (v: its last value
-    read). The count is work of
-    other CTAs of this launch and always arrives, so the bound, 4x timeout, is a last resort that
-    records a fault; the clock is read every CHK polls."""
+    read). The count is work of other CTAs of this launch and always arrives, so the bound, 4x
+    timeout, is a last resort that records a fault; the clock is read every CHK polls."""
     if v - base < need:
         t0 = now_u(IS_HIP, INTERP)
         deadline = t0 + 4 * timeout_ns
@@ -622,12 +631,14 @@ def ffn_kernel(
         if PRE & (STAGE == 0):
             # the seam's other reads issued here, beside the push (PRE; only loads: a reduction
             # here would hold the push until its bytes came): at TP1 they took ~3 us after it
+            # (the same loads as the seam's below, written out: as a helper they moved the default
+            # build's sm_90 schedule at 16 tokens)
             rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
                            mask=cmask[:, None] & evalid[None, :], other=0.0)
             pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
             h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)
             if F8:
-                pn_all = tl.load(post_norm + tl.arange(0, HP2), mask=tl.arange(0, HP2) < H, other=0.0)
+                pn_all = _post_norm_all(post_norm, H, HP2)
         faulted = tl.load(fault + F_EPOCH, cache_modifier=".cg") == e.to(tl.int64)
         if pid == 0:
             if not faulted:
@@ -653,7 +664,7 @@ def ffn_kernel(
         offs = rows[:, None] * H + ccols[None, :]
         if PRE & (STAGE == 0):
             if F8:
-                xsig = tl.maximum(tl.max(tl.abs(pn_all), axis=0), 1e-30)  # _xsig on the early read
+                xsig = _xsig_of(pn_all)
         else:
             rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
                            mask=cmask[:, None] & evalid[None, :], other=0.0)
@@ -675,12 +686,12 @@ def ffn_kernel(
                 g3 = tl.reshape(h * pn_c[None, :], (SP // RT, RT, CHP2))
                 hr = tl.sum(tl.where((tl.arange(0, SP // RT) == 0)[:, None, None], g3, 0.0), axis=0)
                 pl = tl.sum(hr[:, :, None] * rt_c[None, :, :], axis=1)  # [RT, EP2]
-                tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + rows_r[:, None]) * EP2 + ecols[None, :], pl,
-                         mask=rmask_r[:, None] & evalid[None, :])
+                prow, pmask = rows_r, rmask_r
             else:
                 pl = tl.dot(h * pn_c[None, :], rt_c, input_precision="ieee")
-                tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + rows[:, None]) * EP2 + ecols[None, :], pl,
-                         mask=rmask[:, None] & evalid[None, :])
+                prow, pmask = rows, rmask
+            tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + prow[:, None]) * EP2 + ecols[None, :], pl,
+                     mask=pmask[:, None] & evalid[None, :])
         _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, BAR, False)
     if (STAGE == 0) & (pid == 0):
@@ -1084,7 +1095,7 @@ def geometry(key) -> dict:
     # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words;
     # PRE: the seam's reads of the router, post_norm and residual issued before the push; PLR=n:
     # the seam's partial logits over the live rows, not a 16-row dot, up to a row tile of n
-    extra = dict(CHK=tune.get("CHK", 8), BAR=2 if tune.get("BAR") == 2 else bool(tune.get("BAR", 1)),
+    extra = dict(CHK=tune.get("CHK", 8), BAR=tune.get("BAR", 1),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 0)), PLR=tune.get("PLR", 0))
     nsl, nht = max(1, nslot), H // bh

@@ -79,6 +79,7 @@ class TritonRunner(Runner):
         # one compiled variant per (width, final): the handshake is a constexpr branch
         self._cx = {(s, f): K.constexprs(k, self.layouts[s], self.peer_regions, self.is_hip, self.interp, final=f)
                     for s, k in self.keys.items() for f in (False, True)}
+        self._opts = {sf: K.launch_options(cx) for sf, cx in self._cx.items()}  # once per build, not per launch (R<width> parses FFNQ_TRITON_TUNE)
         self._info: dict[int, dict] = {}
         self._dummy = {}
 
@@ -111,7 +112,7 @@ class TritonRunner(Runner):
                 self._launch_stage(s, args, stage, final)
             return None
         return K.ffn_kernel[(self.keys[s].blocks,)](*args, **cx, num_warps=self.NUM_WARPS, num_stages=2,
-                                                    **K.launch_options(cx))
+                                                    **self._opts[(s, bool(final))])
 
     def _launch_stage(self, s, args, stage, final=False):
         """One part of the step (STAGE > 0, no grid barrier inside): the interpreter's path."""
@@ -150,7 +151,7 @@ class TritonRunner(Runner):
             for final in (True, False):  # the non-final variant's resources are the ones reported
                 cx = self._cx[(s, final)]
                 ck = K.ffn_kernel.warmup(*args, grid=(grid,), **cx, num_warps=self.NUM_WARPS, num_stages=2,
-                                         **K.launch_options(cx))
+                                         **self._opts[(s, final)])
             ck._init_handles()
             info.update(compile_s=round(time.perf_counter() - t0, 3), n_regs=ck.n_regs, n_spills=ck.n_spills,
                         shared_bytes=ck.metadata.shared)
