@@ -67,7 +67,8 @@ class Runner:
             raise UsageError(f"widths {bad or '[]'}: allowed 1..{self.model.max_tokens} for {self.model.name}")
         self.experts, self.timeline, self.timeout = experts, bool(timeline), float(timeout)
         self.keys = {s: FfnBuild(tokens=s, tp=tp, experts=experts, timeline=self.timeline, model=self.model,
-                                 timeout_ns=int(self.timeout * 1e9), blocks=self.blocks_for(s), **build)
+                                 timeout_ns=int(self.timeout * 1e9), blocks=self.blocks_for(s),
+                                 flag_blocks=self.flag_blocks(), **build)
                      for s in self.widths}
         self.layouts = {s: scratch_layout(k, self.scratch_extra(k)) for s, k in self.keys.items()}
         self.peer_regions = peer_layout(self.model, tp, self.flag_blocks())

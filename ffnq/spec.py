@@ -136,6 +136,13 @@ class FfnBuild:
     model: ModelSpec = field(default_factory=lambda: load_model("tiny"))
     timeout_ns: int = 1_000_000_000  # bound on every wait
     blocks: int = 1  # CTAs in the persistent grid
+    # CTA slots per phase in the peer buffer's flags: the largest grid launched on that buffer
+    # (a width may have its own grid); the flags' layout is compiled in, so it is part of the build
+    flag_blocks: int = 0
+
+    @property
+    def flags(self) -> int:
+        return max(self.flag_blocks, self.blocks)
 
     def __post_init__(self):
         if not 1 <= self.tokens <= self.model.max_tokens:

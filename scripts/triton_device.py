@@ -295,7 +295,7 @@ def main():
     a = ap.parse_args()
     if a.blocks:
         global TritonRunner
-        TritonRunner = type("TritonRunnerB", (TritonRunner,), {"BLOCKS": a.blocks, "BLOCKS_ONE_TOKEN": a.blocks})
+        TritonRunner = TritonRunner.with_grid(a.blocks)
     lo, _, hi = a.widths.partition("-")
     widths = list(range(int(lo), int(hi or lo) + 1)) if "," not in a.widths else [int(x) for x in a.widths.split(",")]
     bw = [int(x) for x in a.bench.split(",") if x]

@@ -156,6 +156,30 @@ def test_launch_and_sync_choices(monkeypatch):
     assert K.launch_options(v14) == {"launch_cooperative_grid": True}
 
 
+@pytest.mark.parametrize("tune,blocks", [("", None), ("G1=396,BAR=2,R1=168", None), ("G1=396,BAR=2", 264)])
+def test_offline_build_is_the_launch_build(tune, blocks, monkeypatch):
+    """The prewarm fills the cache only if every constexpr of a width is the launch's: with one
+    width on its own grid (G1), the peer flags of every width are sized for the largest grid
+    (a prewarm that sized them per width missed the cache at widths 2-16, and the device compiled
+    30 builds in the check: dev round 42)."""
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.backends.triton import kernel as K
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a runner on this CPU: its constexprs, no launch
+    spec = load_model("minimax-m2")
+    cls = TritonRunner.with_grid(blocks)
+    pb = cls.open_peers(spec, 1, 0, "cpu", "t")
+    r = cls(1, 0, pb.sym, pb.peers, "cpu", widths=[1, 2], model=spec)
+    for s in (1, 2):
+        key = offline.build_key(spec, 1, Experts.ALL, s, blocks=blocks, timeout_ns=r.keys[s].timeout_ns)
+        assert key == r.keys[s]
+        for final in (False, True):
+            cx = offline.constexprs_for(key, False, interp=True, final=final)
+            assert cx == r._cx[(s, final)] and K.launch_options(cx) == r._opts[(s, final)]
+    assert r.keys[1].blocks == (396 if "G1" in tune else blocks or 256)
+    assert r.keys[2].flags == r.keys[1].flags == max(r.keys[1].blocks, r.keys[2].blocks)
+
+
 def test_scale_range_is_checked_only_for_the_fp16_scale_path(monkeypatch):
     """SACC=0 folds the block scale into fp16 operands (x 2^8): warm refuses a scale that would
     overflow there, naming the tensor and the limit; the default path takes any scale."""

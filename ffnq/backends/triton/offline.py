@@ -41,9 +41,12 @@ def _target(name: str):
 
 def build_key(model: ModelSpec, tp: int, experts: Experts, tokens: int, timeline: bool = False,
               blocks: int | None = None, timeout_ns: int = 1_000_000_000) -> FfnBuild:
+    """The build a TritonRunner launches (``blocks``: every width's default grid, as
+    ``TritonRunner.with_grid``), its peer flags sized as that runner sizes them."""
     from ffnq.backends.triton.runner import TritonRunner
+    runner = TritonRunner.with_grid(blocks)
     return FfnBuild(tokens=tokens, tp=tp, experts=Experts(experts), timeline=timeline, model=model,
-                    timeout_ns=timeout_ns, blocks=blocks or TritonRunner.blocks_for(tokens))
+                    timeout_ns=timeout_ns, blocks=runner.blocks_for(tokens), flag_blocks=runner.flag_blocks())
 
 
 def _standins(key: FfnBuild):
@@ -64,7 +67,7 @@ def constexprs_for(key: FfnBuild, hip: bool, interp: bool = False, stage: int = 
     """Every constexpr of one build, with the scratch and peer layouts a launch of it uses."""
     from ffnq.backends.triton import kernel as K
     lay = scratch_layout(key, K.scratch_extra(key))
-    return K.constexprs(key, lay, peer_layout(key.model, key.tp, key.blocks), hip, interp, stage=stage, final=final)
+    return K.constexprs(key, lay, peer_layout(key.model, key.tp, key.flags), hip, interp, stage=stage, final=final)
 
 
 def compile_key(key: FfnBuild, target: str, stage: int = 0, final: bool = False):

@@ -49,6 +49,13 @@ class TritonRunner(Runner):
         return g or (cls.BLOCKS_ONE_TOKEN if width == 1 else cls.BLOCKS)
 
     @classmethod
+    def with_grid(cls, blocks: int | None) -> type[TritonRunner]:
+        """This runner with ``blocks`` as every width's default grid (development rounds)."""
+        if not blocks:
+            return cls
+        return type(f"{cls.__name__}{blocks}", (cls,), {"BLOCKS": blocks, "BLOCKS_ONE_TOKEN": blocks})
+
+    @classmethod
     def flag_blocks(cls) -> int:
         grids = [v for k, v in K._tune().items() if k[:1] == "G" and k[1:].isdigit()]
         return max([cls.BLOCKS, cls.BLOCKS_ONE_TOKEN, *grids])
