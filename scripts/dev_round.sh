@@ -40,7 +40,7 @@ for v in "$@"; do
   echo "=== variant $v bench at +$(( $(date +%s) - T0 ))s"
   timeout -k 5 150 python3 -m ffnq.cli bench $RN --model minimax-m2 --tp $TP --widths ${WIDTHS:-1,2,4,8,16} --rep-ms 200 \
     --out "$R" 2>&1 | tail -n 26  # the whole table at 16 widths
+  tar czf "$OUT/dev-reports.tgz" -C "$PWD" reports-dev  # after each variant: a call cut short keeps them
 done
 echo "dev round total $(( $(date +%s) - T0 ))s"
 } 2>&1 | tee "$OUT/dev.log"
-tar czf "$OUT/dev-reports.tgz" -C "$PWD" reports-dev
