@@ -31,7 +31,7 @@ def test_table_rows(tables, target):
         assert "error" not in r, r.get("error")
         assert KEYS <= set(r), KEYS - set(r)
         assert r["target"] == target and r["cus"] == residency.CUS[target]
-        assert r["grid"] == TritonRunner.blocks_for(r["width"]) == 256
+        assert r["grid"] == TritonRunner.blocks_for(r["width"]) == 264
         assert r["kernel"].startswith("ffn_tiny_s") and r["compile_s"] > 0
         assert r["ctas_per_cu"] >= 1 and r["resident"] is True
         # at 255 registers ptxas spills a few words on sm_90 since v12: minimax-m2 0-8 B, this
@@ -65,7 +65,7 @@ def test_local_and_none_modes_compile():
 
 def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     """The host-side choices behind v12: one token's 96 stage-1 items of MiniMax-M2 at TP2 split
-    in two K parts on 256 CTAs (192 items, one round), four tokens' 384 in two (768 = three
+    in two K parts on 264 CTAs (192 items, one round), four tokens' 384 in two (768 = three
     full rounds, not 1.5); rows >= 2 pick their top-k one row per CTA group (v18; from 3 in v17);
     stage 1 gives each x term 8 token columns at 7-8 tokens, 16 elsewhere (v17); RPG caps the CTAs
     per row of that pick, 16 by default (v18), always a power of two."""
@@ -79,10 +79,10 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 9))["KS"] == 1
     assert [geo[s]["ROWTOP"] for s in (1, 2, 3, 4, 5, 16)] == [False, True, True, True, True, True]
     assert [geo[s]["SQ"] for s in (1, 4, 6, 7, 8, 16)] == [16, 16, 16, 8, 8, 16]
-    assert [geo[s]["RP"] for s in (1, 2, 4, 16)] == [256, 16, 16, 16]  # at most 16 CTAs per row (v18)
+    assert [geo[s]["RP"] for s in (1, 2, 4, 16)] == [264, 16, 16, 16]  # at most 16 CTAs per row (v18)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=64")
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["RP"] == 64  # the grid's share
-    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))["RP"] == 256  # no per-row pick there
+    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))["RP"] == 264  # no per-row pick there
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=12")
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["RP"] == 8  # a power of two
     monkeypatch.delenv("FFNQ_TRITON_TUNE")
@@ -127,7 +127,8 @@ def test_launch_and_sync_choices(monkeypatch):
 
     cuda = cx(1)
     assert cuda["PDL"] and cuda["FENCE"] and cuda["BAR"] and cuda["SORT"] and cuda["LL"] and cuda["CHK"] == 8
-    assert not cuda["PRE"]  # the seam's reads before the push: a tune key, unmeasured
+    # v19: the seam's reads before the push, its partial logits over the live rows at 1-2 tokens
+    assert cuda["PRE"] and cuda["PLR"] == 2
     assert cx(1, interp=True)["LL"] and not cx(1, hip=True)["LL"]
     assert K.launch_options(cuda) == {"launch_cooperative_grid": True, "launch_pdl": True}
     for c in (cx(1, hip=True), cx(1, interp=True)):
@@ -143,15 +144,15 @@ def test_launch_and_sync_choices(monkeypatch):
     with pytest.raises(UsageError, match="G1=396: a grid per width needs BAR=2"):
         TritonRunner.blocks_for(1)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "G1=396,BAR=2,R1=168")
-    assert (TritonRunner.blocks_for(1), TritonRunner.blocks_for(2), TritonRunner.flag_blocks()) == (396, 256, 396)
+    assert (TritonRunner.blocks_for(1), TritonRunner.blocks_for(2), TritonRunner.flag_blocks()) == (396, 264, 396)
     assert cx(1)["BAR"] == 2 and K.launch_options(cx(1))["maxnreg"] == 168 and "maxnreg" not in K.launch_options(cx(2))
     assert "maxnreg" not in K.launch_options(cx(1, hip=True))
     big = TritonRunner.peer_bytes(spec, 2)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    assert big > TritonRunner.peer_bytes(spec, 2)  # the flags of 396 CTAs, not 256
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,BAR=0,FENCE=0,CHK=1,SORT=0,BH=128,LL=0")
+    assert big > TritonRunner.peer_bytes(spec, 2)  # the flags of 396 CTAs, not 264
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,BAR=0,FENCE=0,CHK=1,SORT=0,BH=128,LL=0,PRE=0,PLR=0")
     v14 = cx(1)
-    assert not (v14["PDL"] or v14["BAR"] or v14["FENCE"] or v14["SORT"] or v14["LL"])
+    assert not (v14["PDL"] or v14["BAR"] or v14["FENCE"] or v14["SORT"] or v14["LL"] or v14["PRE"] or v14["PLR"])
     assert (v14["CHK"], v14["BH"]) == (1, 128)
     assert K.launch_options(v14) == {"launch_cooperative_grid": True}
 
@@ -176,7 +177,7 @@ def test_offline_build_is_the_launch_build(tune, blocks, monkeypatch):
         for final in (False, True):
             cx = offline.constexprs_for(key, False, interp=True, final=final)
             assert cx == r._cx[(s, final)] and K.launch_options(cx) == r._opts[(s, final)]
-    assert r.keys[1].blocks == (396 if "G1" in tune else blocks or 256)
+    assert r.keys[1].blocks == (396 if "G1" in tune else blocks or 264)
     assert r.keys[2].flags == r.keys[1].flags == max(r.keys[1].blocks, r.keys[2].blocks)
 
 
@@ -201,7 +202,7 @@ def test_scale_range_is_checked_only_for_the_fp16_scale_path(monkeypatch):
     assert K.max_scale() is None
     r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[1], model=spec)
     r.warm(w)  # the interpreter's warm records the width without compiling
-    assert r.describe(1)["grid"] == 256 and torch.isfinite(w.s13).all()
+    assert r.describe(1)["grid"] == 264 and torch.isfinite(w.s13).all()
 
 
 def test_static_formulas():

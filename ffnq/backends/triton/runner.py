@@ -27,12 +27,14 @@ class TritonRunner(Runner):
     # gloo for the jobs' cpu-tensor collectives (records, clock offsets, checksums), NCCL for
     # the baselines' device all-reduce
     DIST_BACKEND = "cpu:gloo,cuda:nccl"
-    # 2 CTAs per SM on an H200 (132 SMs; 255 regs x 128 threads, 90 KB smem each): two warp groups
-    # per SM stream weights. From 2 tokens on 256 won by 10-16% (dev round 4); one token's 96
-    # stage-1 items ran 15% faster on 128 until they were split in two K parts (v12): 256 then
-    # won by 3.4% (74.2 vs 76.8 us, dev round 5).
-    BLOCKS = 256
-    BLOCKS_ONE_TOKEN = 256
+    # 2 CTAs per SM on an H200 (255 regs x 128 threads, 90 KB smem each): two warp groups per SM
+    # stream weights. From 2 tokens 256 won over 128 by 10-16% (dev round 4), one token by 3.4%
+    # once its items were split in two K parts (v12, dev round 5). v19: 264, every slot of the
+    # H200's 132 SMs, not 256: faster at 14 of 16 widths (0.4-4.4%, TP1 dev round 41); with PRE
+    # and PLR 2.9-4.8 us faster at 4-16 tokens, the same at 1-2 (dev round 43). Resident on
+    # gfx942 and gfx950 too (offline tables).
+    BLOCKS = 264
+    BLOCKS_ONE_TOKEN = 264
     NUM_WARPS = 4
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
 
