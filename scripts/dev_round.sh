@@ -35,7 +35,7 @@ for v in "$@"; do
   B=$([ "$b" = default ] || echo "--blocks $b")
   # the whole check in its own file (a tail of a killed run keeps only torchrun's traceback)
   timeout -k 5 150 $RUN scripts/triton_device.py --models minimax-m2 --bench "" --profile 1,4,16 $B 2>&1 \
-    | grep -v "^\s*$" | tee "$OUT/check-${v//[^A-Za-z0-9=]/_}.log" | tail -n 30
+    | grep -v "^\s*$" | tee "$OUT/check-${v//[^A-Za-z0-9]/_}.log" | tail -n 30
   [ "$b" = default ] && RN="--backend triton" || RN="--runner scripts.dev_runners:Triton$b"
   echo "=== variant $v bench at +$(( $(date +%s) - T0 ))s"
   timeout -k 5 150 python3 -m ffnq.cli bench $RN --model minimax-m2 --tp $TP --widths ${WIDTHS:-1,2,4,8,16} --rep-ms 200 \
