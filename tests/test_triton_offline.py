@@ -116,8 +116,7 @@ def test_launch_and_sync_choices(monkeypatch):
     """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
     with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;
     CDNA and the interpreter do neither PDL nor the fence (griddepcontrol and the fence are
-    PTX, HIP's launcher knows no launch_pdl); the counting grid barrier takes any grid (an int64
-    count, v18); stage-2 tiles have 64 rows at one or two tokens. FFNQ_TRITON_TUNE turns each back."""
+    PTX, HIP's launcher knows no launch_pdl); stage-2 tiles have 64 rows at one or two tokens. FFNQ_TRITON_TUNE turns each back."""
     from ffnq.backends.triton import kernel as K
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")
@@ -126,38 +125,33 @@ def test_launch_and_sync_choices(monkeypatch):
         return offline.constexprs_for(offline.build_key(spec, 2, Experts.ALL, s, blocks=blocks), hip, interp)
 
     cuda = cx(1)
-    assert cuda["PDL"] and cuda["FENCE"] and cuda["BAR"] and cuda["SORT"] and cuda["LL"] and cuda["CHK"] == 8
+    assert cuda["PDL"] and cuda["FENCE"] and cuda["SORT"] and cuda["LL"] and cuda["CHK"] == 8
     # v19: the seam's reads before the push, its partial logits over the live rows at 1-2 tokens
     assert cuda["PRE"] and cuda["PLR"] == 2
     assert cx(1, interp=True)["LL"] and not cx(1, hip=True)["LL"]
     assert K.launch_options(cuda) == {"launch_cooperative_grid": True, "launch_pdl": True}
     for c in (cx(1, hip=True), cx(1, interp=True)):
-        assert not c["PDL"] and not c["FENCE"] and c["BAR"]
+        assert not c["PDL"] and not c["FENCE"]
         assert K.launch_options(c) == {"launch_cooperative_grid": True}
     assert [cx(s)["BH"] for s in (1, 2, 3, 16)] == [64, 64, 128, 128]
-    assert cx(4, blocks=128)["BAR"] and cx(4, blocks=192)["BAR"]  # an int64 count: any grid
-    # development keys (unmeasured): a width's own grid needs the barrier that resets per launch
-    # (BAR=2), sizes the peer buffer's flags for the largest grid, and R1 caps width 1's registers
+    # development keys: a width's own grid (the grid barrier counts each launch from 0, so grids
+    # may differ) sizes the peer buffer's flags for the largest grid; R1 caps width 1's registers
     from ffnq.backends.triton import TritonRunner
-    from ffnq.errors import UsageError
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "G1=396")
-    with pytest.raises(UsageError, match="G1=396: a grid per width needs BAR=2"):
-        TritonRunner.blocks_for(1)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "G1=396,BAR=2,R1=168")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "G1=396,R1=168")
     assert (TritonRunner.blocks_for(1), TritonRunner.blocks_for(2), TritonRunner.flag_blocks()) == (396, 264, 396)
-    assert cx(1)["BAR"] == 2 and K.launch_options(cx(1))["maxnreg"] == 168 and "maxnreg" not in K.launch_options(cx(2))
+    assert K.launch_options(cx(1))["maxnreg"] == 168 and "maxnreg" not in K.launch_options(cx(2))
     assert "maxnreg" not in K.launch_options(cx(1, hip=True))
     big = TritonRunner.peer_bytes(spec, 2)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     assert big > TritonRunner.peer_bytes(spec, 2)  # the flags of 396 CTAs, not 264
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,BAR=0,FENCE=0,CHK=1,SORT=0,BH=128,LL=0,PRE=0,PLR=0")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,FENCE=0,CHK=1,SORT=0,BH=128,LL=0,PRE=0,PLR=0")
     v14 = cx(1)
-    assert not (v14["PDL"] or v14["BAR"] or v14["FENCE"] or v14["SORT"] or v14["LL"] or v14["PRE"] or v14["PLR"])
+    assert not (v14["PDL"] or v14["FENCE"] or v14["SORT"] or v14["LL"] or v14["PRE"] or v14["PLR"])
     assert (v14["CHK"], v14["BH"]) == (1, 128)
     assert K.launch_options(v14) == {"launch_cooperative_grid": True}
 
 
-@pytest.mark.parametrize("tune,blocks", [("", None), ("G1=396,BAR=2,R1=168", None), ("G1=396,BAR=2", 264)])
+@pytest.mark.parametrize("tune,blocks", [("", None), ("G1=396,R1=168", None), ("G1=396", 264)])
 def test_offline_build_is_the_launch_build(tune, blocks, monkeypatch):
     """The prewarm fills the cache only if every constexpr of a width is the launch's: with one
     width on its own grid (G1), the peer flags of every width are sized for the largest grid

@@ -42,10 +42,9 @@ step does, for one width S:
               barrier 1 in the fused launch (every CTA has read it by then), by the last CTA out
               (exit count) in staged launches.
 
-Epoch words (peer buffer "epoch", int32[6]): [0] epoch of the last launch, [1] arrival count of
-the generation barrier (BAR=0) or of the per-launch one (BAR=2), [2] the generation (BAR=0), [3]
-exit count (staged launches), [4:6] int64 arrival count of the counting barrier (BAR=1, the
-default). Flags hold
+Epoch words (peer buffer "epoch", int32[6]): [0] epoch of the last launch, [1] this launch's
+arrivals at the grid barriers, [3] exit count (staged launches); [2] and [4:6] are free (v18's
+generation and counting barriers). Flags hold
 e (or -e once this rank faulted in this launch); a wait matches == e exactly. Every cross-GPU
 wait is bounded by timeout_ns from the start of that phase's wait; on expiry the first faulting
 CTA writes the scratch fault record and fault_box[rank] on every peer, and every later wait of
@@ -475,44 +474,28 @@ def _wait_fault(fault, peers, mine, e, PHASE: tl.constexpr, rank, missing, neg, 
 @triton.jit
 def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, BLOCKS: tl.constexpr,
                   IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr, CHK: tl.constexpr,
-                  BAR: tl.constexpr, LAST: tl.constexpr):
+                  LAST: tl.constexpr):
     """Barrier over the co-resident grid, always passed, even after a fault (bounded as a last
-    resort). BAR=1: words[4:6] count every arrival of every launch (int64: a multiple of BLOCKS at
-    every launch boundary, for any BLOCKS, and no wrap in 2^63 arrivals; a uint32 count was a
-    multiple only for a power-of-two grid); a barrier is passed once it has grown by BLOCKS from
-    the multiple below this CTA's arrival: one arrival atomic per CTA, polls of the same word, no
-    reset. That needs every launch on these words to have the same grid, or grids that divide
-    each other's. BAR=2 takes launches of any grids in any order: words[1] counts this launch's
-    arrivals from 0, barrier k is passed at k x BLOCKS, and the last arrival of the launch's LAST
-    barrier sets it back to 0 (a release: the next launch starts after this one's end); a CTA
-    still polling sees either the full count or the 0, both past its own arrival (uint32
-    difference). Else (BAR=0) a generation barrier: words[1] counts arrivals, the last arriver
-    resets it and bumps the generation words[2], on which the others spin."""
+    resort). words[1] counts this launch's arrivals from 0: the first barrier is passed at BLOCKS,
+    the LAST at 2 x BLOCKS, whose last arrival sets the count back to 0 (a release; the next
+    launch reads it only after this one ends: the kernel boundary or gdc_wait). A CTA still
+    polling then sees the full count or the 0, both past its own arrival (a uint32 difference).
+    One arrival atomic per CTA and polls of one word, and launches of any grids in any order on
+    one buffer (a width may have its own grid). v20: no cost against v18's counting barrier
+    (an int64 count of every launch's arrivals, which needed every grid on the buffer to divide
+    the others'): TP1, side by side, 57.6 / 87.0 / 145.5 / 204.2 against 57.5 / 87.1 / 145.0 /
+    204.3 us at 1 / 2 / 4 / 8 tokens (dev round 43), 139.4 / 221.3 / 257.7 / 318.9 against 139.0 /
+    220.1 / 259.8 / 320.3 at 4 / 9 / 12 / 16 (dev round 44)."""
     if STAGE == 0:
         tl.debug_barrier()
-        if BAR == 2:
-            cnt = (words + 1).to(tl.pointer_type(tl.uint32), bitcast=True)
-            old = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            full = 2 * BLOCKS if LAST else BLOCKS
-            if LAST:
-                if old == 2 * BLOCKS - 1:
-                    tl.atomic_xchg(cnt, 0, sem="release", scope="gpu")
-            _spin_count(cnt, old + 1, old + 1, full - 1 - old, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP,
-                        INTERP, CHK)
-        elif BAR:
-            cnt = (words + 4).to(tl.pointer_type(tl.int64), bitcast=True)
-            old = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            _spin_count(cnt, old + 1, old - old % BLOCKS, BLOCKS, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP,
-                        INTERP, CHK)
-        else:
-            g0 = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
-            old = tl.atomic_add(words + 1, 1, sem="acq_rel", scope="gpu")
-            if old == BLOCKS - 1:
-                tl.atomic_xchg(words + 1, 0, sem="relaxed", scope="gpu")
-                tl.atomic_add(words + 2, 1, sem="release", scope="gpu")
-            else:
-                g = tl.atomic_add(words + 2, 0, sem="acquire", scope="gpu")
-                _spin_count(words + 2, g, g0, 1, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP, INTERP, CHK)
+        cnt = (words + 1).to(tl.pointer_type(tl.uint32), bitcast=True)
+        old = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        full = 2 * BLOCKS if LAST else BLOCKS
+        if LAST:
+            if old == 2 * BLOCKS - 1:
+                tl.atomic_xchg(cnt, 0, sem="release", scope="gpu")
+        _spin_count(cnt, old + 1, old + 1, full - 1 - old, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP,
+                    INTERP, CHK)
         tl.debug_barrier()
 
 
@@ -572,7 +555,7 @@ def ffn_kernel(
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
     SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, RP: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
-    FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, BAR: tl.constexpr, PDL: tl.constexpr,
+    FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
     PLR: tl.constexpr,
 ):
@@ -693,7 +676,7 @@ def ffn_kernel(
             tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + prow[:, None]) * EP2 + ecols[None, :], pl,
                      mask=pmask[:, None] & evalid[None, :])
         _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, BAR, False)
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, False)
     if (STAGE == 0) & (pid == 0):
         # every CTA read the epoch before barrier 1, so it moves on here (also after a fault);
         # the next launch reads it after the kernel boundary (or gdc_wait): no exit counter
@@ -774,7 +757,7 @@ def ffn_kernel(
             tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecol[None, :], lg,
                      mask=rmask_r[:, None] & emask[None, :])
         _stamp(sub_row, 1, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, BAR, True)
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, True)
 
     # ------------------------------------------------------------------------------ C: top-k + experts stage 1
     sync = _as(scratch, SC_SYNC, tl.int32)  # [NSL] stage-1 tiles done per slot, [NHT] stage-2 items done per H tile, [NSL*NT] split-K arrivals
@@ -1090,13 +1073,12 @@ def geometry(key) -> dict:
     # spread, at 6 slower (the build spills), at 1-4 slower (round 33)
     nx = 4 if f8 else 2
     sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 7) <= key.tokens else 16
-    # CHK: polls of a wait between its clock/fault checks; BAR: the counting grid barrier (2: the
-    # one that takes launches of different grids on one buffer, see _grid_barrier); PDL:
-    # programmatic dependent launch (sm_90); LL: the seam and reduce exchanges as tagged words;
+    # CHK: polls of a wait between its clock/fault checks; PDL: programmatic dependent launch
+    # (sm_90); LL: the seam and reduce exchanges as tagged words;
     # PRE: the seam's reads of the router, post_norm and residual issued before the push; PLR=n:
     # the seam's partial logits over the live rows, not a 16-row dot, up to a row tile of n. Both
     # v19 (TP1 dev round 43, one call: 2.5-3.1 us faster at 1-2 tokens, 0.7-1.2 at 4-16)
-    extra = dict(CHK=tune.get("CHK", 8), BAR=tune.get("BAR", 1),
+    extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2))
     nsl, nht = max(1, nslot), H // bh

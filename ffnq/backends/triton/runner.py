@@ -40,15 +40,10 @@ class TritonRunner(Runner):
 
     @classmethod
     def blocks_for(cls, width: int) -> int:
-        # FFNQ_TRITON_TUNE="G1=396,BAR=2": one width's grid, for development (3 CTAs per SM where
-        # that build's registers and shared memory allow it, "R1=168"; the offline prewarm reads
-        # the same keys). Launches of different grids on one buffer need the barrier that resets
-        # per launch (BAR=2): the counting one (BAR=1) takes grids that divide each other only
-        t = K._tune()
-        g = t.get(f"G{width}")
-        if g and t.get("BAR") != 2:
-            raise UsageError(f"FFNQ_TRITON_TUNE G{width}={g}: a grid per width needs BAR=2 beside it")
-        return g or (cls.BLOCKS_ONE_TOKEN if width == 1 else cls.BLOCKS)
+        # FFNQ_TRITON_TUNE="G1=396": one width's grid, for development (3 CTAs per SM where that
+        # build's registers and shared memory allow it, "R1=168"; the offline prewarm reads the
+        # same keys; the grid barrier takes launches of any grids on one buffer)
+        return K._tune().get(f"G{width}") or (cls.BLOCKS_ONE_TOKEN if width == 1 else cls.BLOCKS)
 
     @classmethod
     def with_grid(cls, blocks: int | None) -> type[TritonRunner]:
