@@ -4,13 +4,13 @@ from ffnq.backends.triton.runner import TritonRunner
 
 
 class Triton256(TritonRunner):
-    BLOCKS = BLOCKS_ONE_TOKEN = 256
+    BLOCKS = 256
 
 
 class Triton128(TritonRunner):
-    BLOCKS = BLOCKS_ONE_TOKEN = 128
+    BLOCKS = 128
 
 
 class Triton264(TritonRunner):
     # every CTA slot of an H200 (132 SMs x 2): the default since v19
-    BLOCKS = BLOCKS_ONE_TOKEN = 264
+    BLOCKS = 264

@@ -34,7 +34,6 @@ class TritonRunner(Runner):
     # and PLR 2.9-4.8 us faster at 4-16 tokens, the same at 1-2 (dev round 43). Resident on
     # gfx942 and gfx950 too (offline tables).
     BLOCKS = 264
-    BLOCKS_ONE_TOKEN = 264
     NUM_WARPS = 4
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
 
@@ -43,19 +42,19 @@ class TritonRunner(Runner):
         # FFNQ_TRITON_TUNE="G1=396": one width's grid, for development (3 CTAs per SM where that
         # build's registers and shared memory allow it, "R1=168"; the offline prewarm reads the
         # same keys; the grid barrier takes launches of any grids on one buffer)
-        return K._tune().get(f"G{width}") or (cls.BLOCKS_ONE_TOKEN if width == 1 else cls.BLOCKS)
+        return K._tune().get(f"G{width}") or cls.BLOCKS
 
     @classmethod
     def with_grid(cls, blocks: int | None) -> type[TritonRunner]:
         """This runner with ``blocks`` as every width's default grid (development rounds)."""
         if not blocks:
             return cls
-        return type(f"{cls.__name__}{blocks}", (cls,), {"BLOCKS": blocks, "BLOCKS_ONE_TOKEN": blocks})
+        return type(f"{cls.__name__}{blocks}", (cls,), {"BLOCKS": blocks})
 
     @classmethod
     def flag_blocks(cls) -> int:
         grids = [v for k, v in K._tune().items() if k[:1] == "G" and k[1:].isdigit()]
-        return max([cls.BLOCKS, cls.BLOCKS_ONE_TOKEN, *grids])
+        return max([cls.BLOCKS, *grids])
 
     @classmethod
     def default_device(cls, local_rank: int) -> torch.device:
