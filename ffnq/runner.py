@@ -66,12 +66,13 @@ class Runner:
         if bad or not self.widths:
             raise UsageError(f"widths {bad or '[]'}: allowed 1..{self.model.max_tokens} for {self.model.name}")
         self.experts, self.timeline, self.timeout = experts, bool(timeline), float(timeout)
+        flags = self.flag_blocks()  # one peer buffer for every width: its flags are in each build
         self.keys = {s: FfnBuild(tokens=s, tp=tp, experts=experts, timeline=self.timeline, model=self.model,
                                  timeout_ns=int(self.timeout * 1e9), blocks=self.blocks_for(s),
-                                 flag_blocks=self.flag_blocks(), **build)
+                                 flag_blocks=flags, **build)
                      for s in self.widths}
         self.layouts = {s: scratch_layout(k, self.scratch_extra(k)) for s, k in self.keys.items()}
-        self.peer_regions = peer_layout(self.model, tp, self.flag_blocks())
+        self.peer_regions = peer_layout(self.model, tp, flags)
         self.scratch = {s: torch.zeros(layout_bytes(lay), dtype=torch.uint8, device=self.device)
                         for s, lay in self.layouts.items()}
         self.own = self.peer_view(self.sym)  # uint8 view of this rank's peer buffer

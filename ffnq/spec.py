@@ -26,7 +26,7 @@ from ffnq.errors import UsageError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 ALIGN = 128
-EPOCH_WORDS = 6  # [epoch, backend words]: Triton's grid-barrier counts (kernel.py), FlyDSL's exit count
+EPOCH_WORDS = 4  # [epoch, grid-barrier arrivals, FlyDSL's barrier generation, staged exit count]
 
 
 class Experts(str, Enum):

@@ -116,7 +116,8 @@ def test_launch_and_sync_choices(monkeypatch):
     """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
     with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;
     CDNA and the interpreter do neither PDL nor the fence (griddepcontrol and the fence are
-    PTX, HIP's launcher knows no launch_pdl); stage-2 tiles have 64 rows at one or two tokens. FFNQ_TRITON_TUNE turns each back."""
+    PTX, HIP's launcher knows no launch_pdl); stage-2 tiles have 64 rows at one or two tokens.
+    FFNQ_TRITON_TUNE turns each back."""
     from ffnq.backends.triton import kernel as K
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")

@@ -42,9 +42,8 @@ step does, for one width S:
               barrier 1 in the fused launch (every CTA has read it by then), by the last CTA out
               (exit count) in staged launches.
 
-Epoch words (peer buffer "epoch", int32[6]): [0] epoch of the last launch, [1] this launch's
-arrivals at the grid barriers, [3] exit count (staged launches); [2] and [4:6] are free (v18's
-generation and counting barriers). Flags hold
+Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] this launch's
+arrivals at the grid barriers, [3] exit count (staged launches); [2] is FlyDSL's. Flags hold
 e (or -e once this rank faulted in this launch); a wait matches == e exactly. Every cross-GPU
 wait is bounded by timeout_ns from the start of that phase's wait; on expiry the first faulting
 CTA writes the scratch fault record and fault_box[rank] on every peer, and every later wait of
@@ -1074,10 +1073,9 @@ def geometry(key) -> dict:
     nx = 4 if f8 else 2
     sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 7) <= key.tokens else 16
     # CHK: polls of a wait between its clock/fault checks; PDL: programmatic dependent launch
-    # (sm_90); LL: the seam and reduce exchanges as tagged words;
-    # PRE: the seam's reads of the router, post_norm and residual issued before the push; PLR=n:
-    # the seam's partial logits over the live rows, not a 16-row dot, up to a row tile of n. Both
-    # v19 (TP1 dev round 43, one call: 2.5-3.1 us faster at 1-2 tokens, 0.7-1.2 at 4-16)
+    # (sm_90); LL: the seam and reduce exchanges as tagged words; PRE: the seam's reads of the
+    # router, post_norm and residual issued before the push; PLR=n: the seam's partial logits over
+    # the live rows, not a 16-row dot, up to a row tile of n. Both v19 (TP1 dev round 43, one call: 2.5-3.1 us faster at 1-2 tokens, 0.7-1.2 at 4-16)
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2))
