@@ -94,6 +94,11 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=5")
     with pytest.raises(ValueError, match="KS=5"):
         K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))
+    # a key for one width only ("KEY@w"), over the plain key at that width
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS@1=2,BH@3=64,BH=128,KS@11=3")
+    tp1 = {s: K.geometry(offline.build_key(spec, 1, Experts.ALL, s)) for s in (1, 2, 3, 11)}
+    assert [tp1[s]["KS"] for s in (1, 2, 3, 11)] == [2, 2, 2, 3]
+    assert [tp1[s]["BH"] for s in (1, 2, 3, 11)] == [128, 128, 64, 128]
 
 
 def test_fp8_stage_one_on_nvidia_only(monkeypatch):

@@ -1004,11 +1004,15 @@ def _p2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def _tune() -> dict:
+def _tune(tokens: int | None = None) -> dict:
     """Development override of tile choices, e.g. FFNQ_TRITON_TUNE="BN=32,NS=6" (offline
-    prewarm and the runner must see the same value: it is part of the compiled variant)."""
+    prewarm and the runner must see the same value: it is part of the compiled variant).
+    "KEY@w=v" sets KEY for width w only (given ``tokens``), over a plain "KEY=v"."""
     raw = os.environ.get("FFNQ_TRITON_TUNE", "")
-    return {k.strip(): int(v) for k, v in (kv.split("=") for kv in raw.split(",") if kv.strip())}
+    t = {k.strip(): int(v) for k, v in (kv.split("=") for kv in raw.split(",") if kv.strip())}
+    if tokens is not None:
+        t.update({k.partition("@")[0]: v for k, v in t.items() if k.partition("@")[2] == str(tokens)})
+    return t
 
 
 def geometry(key) -> dict:
@@ -1023,7 +1027,7 @@ def geometry(key) -> dict:
     epc = -(-E // blocks)
     epcp2 = _p2(epc)
     nslot = min(key.tokens * m.top_k, nloc) if mode != "none" else 0
-    tune = _tune()
+    tune = _tune(key.tokens)
     # stage-1 tile rows: 64 gate + 64 up rows of one expert (the M of an sm_90 warp-group MMA)
     bn = tune.get("BN", 64)
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
