@@ -94,6 +94,16 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=5")
     with pytest.raises(ValueError, match="KS=5"):
         K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))
+    # the measured table (configs/triton-measured.toml): TP1 one token in two K parts (dev round
+    # 45), where the model, pricing stage 1 alone, keeps whole K; FFNQ_TRITON_TUNE overrides it
+    monkeypatch.delenv("FFNQ_TRITON_TUNE")
+    assert [K.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 2, 2, 1]
+    assert K.measured("minimax-m2", 1, 1) == {"KS": 2} and K.measured("minimax-m2", 2, 1) == {}
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
+    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["KS"] == 1
+    monkeypatch.setattr(K, "_measured_table", lambda: {"tiny": {"tp1": {"w1": {"LL": 0}}}})
+    with pytest.raises(ValueError, match=r"\['LL'\] are not build choices"):
+        K.measured("tiny", 1, 1)
     # a key for one width only ("KEY@w"), over the plain key at that width
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS@1=2,BH@3=64,BH=128,KS@11=3")
     tp1 = {s: K.geometry(offline.build_key(spec, 1, Experts.ALL, s)) for s in (1, 2, 3, 11)}

@@ -55,7 +55,9 @@ barrier (the launch boundary is the barrier), in the order STAGES below: the int
 publish is in a stage before its wait (1 -> 6, 5 -> 7, 7 -> 8), so several ranks in one process
 can run stage by stage, interleaved (a TP2 check on a CPU).
 """
+import functools
 import os
+import tomllib
 
 import triton
 import triton.language as tl
@@ -1015,6 +1017,27 @@ def _tune(tokens: int | None = None) -> dict:
     return t
 
 
+# the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
+MEASURED_KEYS = frozenset({"BH", "BN", "KS", "KSFIX", "NS", "NSS", "RPG", "RTOP", "SQ"})
+
+
+@functools.cache
+def _measured_table() -> dict:
+    from ffnq.spec import CONFIGS
+    path = CONFIGS / "triton-measured.toml"
+    return tomllib.loads(path.read_text()) if path.is_file() else {}
+
+
+def measured(model: str, tp: int, tokens: int) -> dict:
+    """The choices measured faster than the geometry's model for one width
+    (configs/triton-measured.toml; FFNQ_TRITON_TUNE overrides them)."""
+    row = _measured_table().get(model, {}).get(f"tp{tp}", {}).get(f"w{tokens}", {})
+    if set(row) - MEASURED_KEYS:
+        raise ValueError(f"configs/triton-measured.toml [{model}.tp{tp}.w{tokens}]: keys "
+                         f"{sorted(set(row) - MEASURED_KEYS)} are not build choices ({', '.join(sorted(MEASURED_KEYS))})")
+    return {k: int(v) for k, v in row.items()}
+
+
 def geometry(key) -> dict:
     """Tile sizes and chunking of one build (an spec.FfnBuild)."""
     m, blocks = key.model, key.blocks
@@ -1027,7 +1050,7 @@ def geometry(key) -> dict:
     epc = -(-E // blocks)
     epcp2 = _p2(epc)
     nslot = min(key.tokens * m.top_k, nloc) if mode != "none" else 0
-    tune = _tune(key.tokens)
+    tune = {**measured(m.name, key.tp, key.tokens), **_tune(key.tokens)}
     # stage-1 tile rows: 64 gate + 64 up rows of one expert (the M of an sm_90 warp-group MMA)
     bn = tune.get("BN", 64)
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
@@ -1043,7 +1066,9 @@ def geometry(key) -> dict:
     # plus KSFIX steps for the fix-up of a split tile (its parts written, re-read and summed by
     # the last arriver), at the most slots this width can touch; ties go to fewer parts). KSFIX=4
     # (v17): at TP2 nine tokens split in two parts were 8% slower than whole K (155 vs 142 us,
-    # dev round 36), which the model without it had at 105 against 108 steps
+    # dev round 36), which the model without it had at 105 against 108 steps. The model prices
+    # stage 1 alone, so where a split lets stage 2 overlap it the measured table overrides it
+    # (configs/triton-measured.toml: TP1 one token, two parts)
     ks = tune.get("KS", 0)
     if not ks:
         fix = tune.get("KSFIX", 4)
