@@ -74,5 +74,5 @@ def link_latency_us(hidden: int, device: torch.device) -> float:
     return statistics.median(time_steps(oneshot, 20, barrier=dist.barrier, device=device, graph=True)) / reps
 
 
-def floor_us(touched_experts: int, expert_bytes: int, read_gbps: float, link_us: float) -> float:
+def floor_us(touched_experts: float, expert_bytes: int, read_gbps: float, link_us: float) -> float:
     return touched_experts * expert_bytes / (read_gbps * 1e3) + 2 * link_us

@@ -87,6 +87,22 @@ def expert64(w: FullWeights, e: int, block: int, cache: dict | None = None):
     return got
 
 
+def normed(parts: list[torch.Tensor], residual: torch.Tensor, w, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, x) in fp64: the all-reduced h and the router's input x = rms_norm(h) * post_norm."""
+    dt = torch.float64
+    h = residual.to(dt) + sum(p.to(dt) for p in parts)
+    return h, h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + spec.eps) * w.post_norm.to(residual.device, dt)
+
+
+def chosen(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor, w, spec: ModelSpec) -> torch.Tensor:
+    """The oracle's experts [s, k] as ``Reference.chosen`` holds them, without the expert MLPs:
+    ``w`` is full or one rank's weights (only post_norm and the router are read)."""
+    _, x = normed(parts, residual, w, spec)
+    idx, _, _ = route(x, w, spec)
+    pad = slots[: x.shape[0]].to(x.device) < 0
+    return idx.sort(-1).values.masked_fill(pad[:, None], -1)
+
+
 def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor, w: FullWeights,
          spec: ModelSpec, experts: Experts = Experts.ALL, cache: dict | None = None,
          follow: torch.Tensor | None = None, tie_eps: float = TIE_EPS) -> Reference:
@@ -96,8 +112,7 @@ def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor,
     says so), every other row keeps the oracle's own pick."""
     dt = torch.float64
     dev = residual.device
-    h = residual.to(dt) + sum(p.to(dt) for p in parts)
-    x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + spec.eps) * w.post_norm.to(dev, dt)
+    h, x = normed(parts, residual, w, spec)
     idx, wts, tie = route(x, w, spec, tie_eps)
     pad = slots[: h.shape[0]].to(dev) < 0
     if follow is not None and tie.any():

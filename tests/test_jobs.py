@@ -44,6 +44,35 @@ def test_bench_summary_slowest_rank_and_speedup():
     assert bench.summarize(rows).iloc[0].followed == "unfused 1"
 
 
+def test_bench_floor_is_the_mean_over_the_weight_sets():
+    """A timed step runs every weight set, each with its own router: the floor's bytes are the
+    mean of the sets' touched experts (from the fp64 routing of each set), not set 0's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ffnq import reference
+    from ffnq.spec import Experts, load_model
+    from ffnq.weights import shard, synthetic
+
+    m = load_model("tiny")
+    fulls = [synthetic(m, seed) for seed in (3, 1003)]
+    sets = [shard(f, m, 2, 0, Experts.ALL) for f in fulls]
+    job = SimpleNamespace(model=m, tp=2, experts=Experts.ALL, weights=sets[0])
+    g = torch.Generator().manual_seed(11)
+    parts = [torch.randn(4, m.hidden, generator=g).bfloat16() for _ in range(2)]
+    residual = torch.randn(4, m.hidden, generator=g).bfloat16()
+    slots = torch.tensor([0, 1, -1, 3])  # a padding row selects nothing
+    n = [len(torch.unique(c[c >= 0])) for c in
+         (reference.step(parts, residual, slots, f, m).chosen for f in fulls)]
+    assert n[0] != n[1]  # the sets route apart, so set 0 alone would be a different floor
+    row = bench.floor_row(job, (2000.0, 3.0), (parts, residual, slots), sets)
+    per = m.expert_bytes(2, Experts.ALL)
+    assert row["touched_per_set"] == f"{n[0]}/{n[1]}" and row["touched_experts"] == sum(n) / 2
+    assert row["floor_us"] == pytest.approx(sum(n) / 2 * per / 2e6 + 6.0)
+    assert row["weight_bytes"] == sum(n) / 2 * per
+
+
 def test_bench_tp2_layers(tmp_path):
     r = ffnq("bench", "--backend", "cpu", "--tp", "2", "--widths", "1,4", "--layers", "2", "--rep-ms", "100",
              "--warmup-ms", "20", "--baselines", "unfused,stock-nccl", "--json", "--out", tmp_path)

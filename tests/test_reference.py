@@ -165,3 +165,16 @@ def test_a_bf16_composition_is_followed_within_its_own_precision(full):
     bad[0] = torch.tensor(sorted(set(own.chosen[0].tolist()) - {kth} | {int(ranked[-1])}))
     assert torch.equal(oracle(job, "stock", bad, inputs, own).chosen, own.chosen)
     assert oracle(job, "stock", own.chosen, inputs, own) is own and oracle(job, "none", None, inputs, own) is own
+
+
+def test_chosen_alone_is_the_steps_pick_from_one_ranks_shard(full):
+    """The bench's floor routes every weight set with ``chosen``: from a rank's shard (router and
+    post_norm only) it must pick what the full step picks, padding rows -1."""
+    from ffnq.weights import shard
+    g = torch.Generator().manual_seed(2)
+    parts = [torch.randn(5, M.hidden, generator=g).bfloat16() for _ in range(2)]
+    residual = torch.randn(5, M.hidden, generator=g).bfloat16()
+    slots = torch.tensor([0, -1, 2, 3, 4])
+    got = reference.chosen(parts, residual, slots, shard(full, M, 2, 1, Experts.ALL), M)
+    assert torch.equal(got, reference.step(parts, residual, slots, full, M).chosen)
+    assert (got[1] == -1).all() and (got[0] >= 0).all()

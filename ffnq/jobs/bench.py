@@ -105,6 +105,20 @@ def touched(job, chosen: torch.Tensor) -> int:
     return len(ids)
 
 
+def floor_row(job, floor: tuple[float, float], inputs: tuple, sets: list) -> dict:
+    """The floor of one width's step over ``sets``: a timed step runs every weight set, and each
+    set has its own router, so its bytes are the mean of the sets' touched experts (set 0's alone
+    is what reports before 2026-12-01 19:40 UTC used)."""
+    from ffnq.floor import floor_us
+
+    n_set = [touched(job, reference.chosen(*inputs, w, job.model)) for w in sets]
+    n_exp = sum(n_set) / len(n_set)
+    per = job.model.expert_bytes(job.tp, job.experts)
+    return {"floor_us": floor_us(n_exp, per, *floor), "hbm_read_gbps": floor[0], "link_us": floor[1],
+            "touched_experts": n_exp, "touched_per_set": "/".join(map(str, n_set)), "weight_bytes": n_exp * per,
+            "weight_sets": len(sets)}
+
+
 def oracle(job, name: str, pick: torch.Tensor | None, inputs: tuple, ref: reference.Reference) -> reference.Reference:
     """What variant ``name`` is checked against: the oracle ``ref``, except on a near-tie row
     that the variant broke its own way (``pick``, its route) where that is still a top-k: the
@@ -139,15 +153,7 @@ def run(job, opts: dict, rec: Records) -> None:
         part = parts[job.rank]
         ref = reference.step(parts, residual, slots, job.full, job.model, job.experts)
         ref_none = reference.step(parts, residual, slots, job.full, job.model, Experts.NONE)
-        extra = {}
-        if floor:
-            from ffnq.floor import floor_us
-
-            n_exp = touched(job, ref.chosen)
-            nbytes = n_exp * job.model.expert_bytes(job.tp, job.experts)
-            extra = {"floor_us": floor_us(n_exp, job.model.expert_bytes(job.tp, job.experts), *floor),
-                     "hbm_read_gbps": floor[0], "link_us": floor[1], "touched_experts": n_exp,
-                     "weight_bytes": nbytes, "weight_sets": len(sets)}
+        extra = floor_row(job, floor, (parts, residual, slots), sets) if floor else {}
         for name, rs in variants:
             rec.progress(done, total, f"{name} w={s}")
             done += 1
@@ -231,6 +237,7 @@ def summarize(lat: pd.DataFrame) -> pd.DataFrame:
                 row[f"speedup_{key}"] = row[f"{key}_p50_us"] / row["p50_us"]
         if "floor_us" in f and f.floor_us.notna().any():
             row["floor_us"] = f.floor_us.max()
+            row["touched_experts"] = f.touched_experts.max()
             if "p50_us" in row:
                 row["x_floor"] = row["p50_us"] / row["floor_us"]
                 row["weights_gbps"] = f.weight_bytes.max() / row["p50_us"] / 1e3
