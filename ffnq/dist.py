@@ -33,6 +33,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def all_ranks(x: int) -> list[int]:
+    """Every rank's ``x``, in rank order (a list of one without a process group)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, int(x))
+        return out
+    return [int(x)]
+
+
 def shared_tag() -> str:
     """One tag for the whole job: the launcher's, else rank 0's, broadcast."""
     tag = os.environ.get("FFNQ_TAG")

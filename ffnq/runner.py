@@ -87,6 +87,12 @@ class Runner:
         return torch.device("cpu")
 
     @classmethod
+    def for_device(cls, device: torch.device) -> type[Runner]:
+        """This runner as it runs on ``device`` (a backend whose grid follows the device's
+        compute units returns a subclass with that grid); the job asks before anything is built."""
+        return cls
+
+    @classmethod
     def blocks_for(cls, width: int) -> int:
         """The grid of a width's kernel (<= flag_blocks(), which sizes the peer buffer's flags)."""
         return cls.BLOCKS

@@ -291,20 +291,19 @@ def main():
     ap.add_argument("--timeout", type=float, default=0.2)
     ap.add_argument("--inject", action="store_true")
     ap.add_argument("--profile", default="", help="widths to profile with the timeline (model minimax-m2 only)")
-    ap.add_argument("--blocks", type=int, default=None, help="grid size (default: TritonRunner.BLOCKS)")
+    ap.add_argument("--blocks", type=int, default=None, help="grid size (default: the device's, as the jobs take it)")
     a = ap.parse_args()
-    if a.blocks:
-        global TritonRunner
-        TritonRunner = TritonRunner.with_grid(a.blocks)
     lo, _, hi = a.widths.partition("-")
     widths = list(range(int(lo), int(hi or lo) + 1)) if "," not in a.widths else [int(x) for x in a.widths.split(",")]
     bw = [int(x) for x in a.bench.split(",") if x]
     dev = torch.device("cuda", RANK)
     torch.cuda.set_device(dev)
+    global TritonRunner
+    TritonRunner = TritonRunner.with_grid(a.blocks) if a.blocks else TritonRunner.for_device(dev)
     if WORLD > 1:
         dist.init_process_group("nccl", device_id=dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    log(f"device {torch.cuda.get_device_name(dev)} sms={sms} world={WORLD} torch {torch.__version__}")
+    log(f"device {torch.cuda.get_device_name(dev)} sms={sms} grid={TritonRunner.BLOCKS} world={WORLD} torch {torch.__version__}")
     for name in a.models.split(","):
         for ex in a.experts.split(","):
             try:

@@ -117,6 +117,15 @@ def test_a_dead_rank_is_named(tmp_path):
     assert time.monotonic() - t0 < 60 and not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
+def test_ranks_with_different_grids_are_refused(tmp_path):
+    """The grid follows each rank's GPU (TritonRunner: 2 CTAs per SM); ranks whose GPUs differ
+    would size their peer buffers and flags apart, so the job stops before building any."""
+    r = ffnq("qualify", "--runner", "mixed_grid:MixedGrid", "--tp", "2", "--widths", "1", "--out", tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "rank 0: 4 CTAs, rank 1: 5 CTAs" in r.stderr and "GPUs of one kind" in r.stderr
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
 def test_a_hung_job_is_killed_at_its_deadline(tmp_path):
     t0 = time.monotonic()
     r = ffnq("qualify", "--backend", "cpu", "--tp", "2", "--widths", "1", "--deadline", "12", "--out", tmp_path,

@@ -167,6 +167,29 @@ def test_launch_and_sync_choices(monkeypatch):
     assert K.launch_options(v14) == {"launch_cooperative_grid": True}
 
 
+def test_the_grid_follows_the_device(monkeypatch, capsys):
+    """On NVIDIA the grid is 2 CTAs per SM of the job's GPU (264 on an H200 or H100 SXM, 228 on an
+    H100 PCIe, 156 on an H20); a runner with a grid of its own keeps it; CPU keeps BLOCKS. An
+    H20's grid is smaller than the seam's 192 chunks of 16 columns: 156 chunks of 20, two experts'
+    logits per CTA; it compiles resident on 78 SMs (offline --cus)."""
+    import torch
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.backends.triton import kernel as K
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+    spec = load_model("minimax-m2")
+    assert TritonRunner.for_device(torch.device("cpu")) is TritonRunner
+    assert TritonRunner.for_sms(132) is TritonRunner
+    pcie = TritonRunner.for_sms(114)
+    assert (pcie.BLOCKS, pcie.blocks_for(1), pcie.flag_blocks()) == (228, 228, 228)
+    assert pcie.for_device(torch.device("cuda", 0)) is pcie  # its own grid: no device query
+    assert pcie.peer_bytes(spec, 2) < TritonRunner.peer_bytes(spec, 2)
+    g = K.geometry(offline.build_key(spec, 2, Experts.ALL, 1, blocks=156))
+    assert (g["NCH"], g["CH"], g["EPC"], g["BLOCKS"]) == (156, 20, 2, 156)
+    assert offline.main(["--model", "minimax-m2", "--tp", "2", "--widths", "16", "--cus", "78", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "x 78 grid=156 resident=True" in out and "spills=0" in out
+
+
 @pytest.mark.parametrize("tune,blocks", [("", None), ("G1=396,R1=168", None), ("G1=396", 264)])
 def test_offline_build_is_the_launch_build(tune, blocks, monkeypatch):
     """The prewarm fills the cache only if every constexpr of a width is the launch's: with one

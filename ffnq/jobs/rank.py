@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ffnq.dist import init_from_env, shared_tag
+from ffnq.dist import all_ranks, init_from_env, shared_tag
+from ffnq.errors import UsageError
 from ffnq.runner import PeerBuffer, Runner, load_runner
 from ffnq.spec import Experts, ModelSpec, load_model
 from ffnq.weights import FullWeights, RankWeights, shard, synthetic
@@ -72,7 +73,13 @@ def setup(backend: str, model: str | ModelSpec, experts: str | Experts = "all", 
     experts = Experts(experts)
     # the device first: NCCL wants each rank's GPU set before the process group exists
     device = runner_cls.default_device(int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", 0))))
+    runner_cls = runner_cls.for_device(device)  # e.g. the grid from this GPU's SMs
     rank, tp = init_from_env(runner_cls.DIST_BACKEND, dist_timeout_s)
+    grids = all_ranks(runner_cls.BLOCKS)  # every rank's buffers and launches take one grid
+    if len(set(grids)) > 1:
+        raise UsageError("the ranks' GPUs differ in compute units, so their grids differ ("
+                         + ", ".join(f"rank {r}: {g} CTAs" for r, g in enumerate(grids))
+                         + "): run one TP group on GPUs of one kind")
     spec.check(tp, experts)
     full = synthetic(spec, seed, device)
     weights = shard(full, spec, tp, rank, experts)

@@ -1018,7 +1018,7 @@ def _tune(tokens: int | None = None) -> dict:
 
 
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
-MEASURED_KEYS = frozenset({"BH", "BN", "KS", "KSFIX", "NS", "NSS", "RPG", "RTOP", "SQ"})
+MEASURED_KEYS = frozenset({"BH", "BN", "JB", "KS", "KSFIX", "NS", "NSS", "RPG", "RTOP", "SQ"})
 
 
 @functools.cache
@@ -1058,7 +1058,11 @@ def geometry(key) -> dict:
     # stage-2 tile rows: 64 at one or two tokens (twice the items to spread over the grid, dev
     # rounds 14 and 16: 0.6-1.4 us faster), 128 from 3 (64 was 4-7 us slower at 8-16 tokens)
     bh = tune.get("BH", 64 if key.tokens <= 2 else 128)
-    jb = max(1, min(8, 2048 // (16 * max(16, _p2(ch)))))
+    # slots summed per load in phase E (JB: a power of two; the loads of one batch are in flight
+    # together, so fewer batches shorten the sum at many slots)
+    jb = tune.get("JB", max(1, min(8, 2048 // (16 * max(16, _p2(ch))))))
+    if jb < 1 or jb & (jb - 1):
+        raise ValueError(f"FFNQ_TRITON_TUNE JB={jb}: must be a power of two")
     nt = i_r // bn if i_r else 1
     # split K of the stage-1 items while a width's items leave CTAs idle (one token: 96 items
     # of 393 KB at TP2), so every CTA streams weights; the parts must be whole scale blocks

@@ -210,7 +210,11 @@ def main(argv=None) -> int:
                     help="compile the plain variant, the final (handshake) one, or both (to fill a cache)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--blocks", type=int, default=None, help="grid size (default: TritonRunner.blocks_for(width))")
+    ap.add_argument("--cus", type=int, default=None,
+                    help="SMs/CUs of the device to build for (default: the target's in ffnq.residency); on "
+                         "sm_90 also the grid, as a job on that device takes it (2 x SMs), unless --blocks")
     a = ap.parse_args(argv)
+    from ffnq.backends.triton.runner import TritonRunner
     from ffnq.launch import parse_widths
     from ffnq.spec import load_model
 
@@ -219,8 +223,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     for tg in a.target.split(","):
         fin = {"no": False, "yes": True, "both": "both"}[a.final]
-        rows += offline_table(a.model, a.tp, a.experts, tg, widths, timeline=a.timeline, blocks=a.blocks,
-                             jobs=a.jobs, final=fin)
+        blocks = a.blocks or (TritonRunner.for_sms(a.cus).BLOCKS if a.cus and tg == "sm_90" else None)
+        rows += offline_table(a.model, a.tp, a.experts, tg, widths, timeline=a.timeline, blocks=blocks,
+                             cus=a.cus, jobs=a.jobs, final=fin)
     for r in rows:
         regs = r.get("regs") if "regs" in r else (f"v{r.get('vgpr')}/a{r.get('agpr')}/s{r.get('sgpr')}"
                                                   f" sgpr_spills={r.get('sgpr_spills')}")

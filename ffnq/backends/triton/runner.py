@@ -34,8 +34,27 @@ class TritonRunner(Runner):
     # and PLR 2.9-4.8 us faster at 4-16 tokens, the same at 1-2 (dev round 43). Resident on
     # gfx942 and gfx950 too (offline tables).
     BLOCKS = 264
+    # on NVIDIA the grid is CTAS_PER_SM x the device's SMs (264 on an H200 or H100 SXM, 228 on an
+    # H100 PCIe): every build fits two per SM (<= 255 registers x 128 threads, <= 98 KB of shared
+    # memory); a class with a grid of its own (with_grid, development runners) keeps it. CDNA keeps
+    # BLOCKS (resident at 1 per CU on gfx942's 304, offline tables; never run there).
+    CTAS_PER_SM = 2
+    GRID_FROM_DEVICE = True
     NUM_WARPS = 4
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> type[TritonRunner]:
+        device = torch.device(device)
+        if not cls.GRID_FROM_DEVICE or device.type != "cuda" or torch.version.hip is not None or _interp():
+            return cls
+        return cls.for_sms(torch.cuda.get_device_properties(device).multi_processor_count)
+
+    @classmethod
+    def for_sms(cls, sms: int) -> type[TritonRunner]:
+        """This runner with the grid of an NVIDIA device of ``sms`` SMs."""
+        blocks = cls.CTAS_PER_SM * int(sms)
+        return cls if blocks == cls.BLOCKS else cls.with_grid(blocks)
 
     @classmethod
     def blocks_for(cls, width: int) -> int:
@@ -49,7 +68,7 @@ class TritonRunner(Runner):
         """This runner with ``blocks`` as every width's default grid (development rounds)."""
         if not blocks:
             return cls
-        return type(f"{cls.__name__}{blocks}", (cls,), {"BLOCKS": blocks})
+        return type(f"{cls.__name__}{blocks}", (cls,), {"BLOCKS": blocks, "GRID_FROM_DEVICE": False})
 
     @classmethod
     def flag_blocks(cls) -> int:
