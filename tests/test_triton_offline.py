@@ -170,7 +170,7 @@ def test_launch_and_sync_choices(monkeypatch):
 def test_the_grid_follows_the_device(monkeypatch, capsys):
     """On NVIDIA the grid is 2 CTAs per SM of the job's GPU (264 on an H200 or H100 SXM, 228 on an
     H100 PCIe, 156 on an H20); a runner with a grid of its own keeps it; CPU keeps BLOCKS. An
-    H20's grid is smaller than the seam's 192 chunks of 16 columns: 156 chunks of 20, two experts'
+    H20's grid is smaller than the seam's 192 chunks of 16 columns: 154 chunks of 20, two experts'
     logits per CTA; it compiles resident on 78 SMs (offline --cus)."""
     import torch
     from ffnq.backends.triton import TritonRunner
@@ -184,7 +184,12 @@ def test_the_grid_follows_the_device(monkeypatch, capsys):
     assert pcie.for_device(torch.device("cuda", 0)) is pcie  # its own grid: no device query
     assert pcie.peer_bytes(spec, 2) < TritonRunner.peer_bytes(spec, 2)
     g = K.geometry(offline.build_key(spec, 2, Experts.ALL, 1, blocks=156))
-    assert (g["NCH"], g["CH"], g["EPC"], g["BLOCKS"]) == (156, 20, 2, 156)
+    assert (g["NCH"], g["CH"], g["EPC"], g["BLOCKS"]) == (154, 20, 2, 156)
+    for blocks in (100, 128, 156, 160, 191, 192, 228, 264, 396):
+        g = K.geometry(offline.build_key(spec, 2, Experts.ALL, 16, blocks=blocks))
+        # every chunk holds columns: a chunk past H would sum H tiles that do not exist (a CTA
+        # of grid 156 waited for them until its bound, dev round 46)
+        assert (g["NCH"] - 1) * g["CH"] < g["H"] <= g["NCH"] * g["CH"] and g["NCH"] <= blocks
     assert offline.main(["--model", "minimax-m2", "--tp", "2", "--widths", "16", "--cus", "78", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     assert "x 78 grid=156 resident=True" in out and "spills=0" in out

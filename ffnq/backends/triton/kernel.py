@@ -1047,6 +1047,9 @@ def geometry(key) -> dict:
     nloc = m.experts_per_rank(key.tp, key.experts)
     nch = max(1, min(blocks, H // 16))
     ch = -(-H // nch)
+    # only non-empty chunks: 156 CTAs over 3072 columns are chunks of 20, of which 154 hold columns
+    # (CTAs 154-155 summed H tiles past the last and waited out their bound: dev round 46)
+    nch = -(-H // ch)
     epc = -(-E // blocks)
     epcp2 = _p2(epc)
     nslot = min(key.tokens * m.top_k, nloc) if mode != "none" else 0
