@@ -286,6 +286,38 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+@pytest.mark.parametrize("blocks", [12, 7])
+def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
+    """A grid that does not divide the hidden size (the grid follows the GPU's SMs: an H20's 156
+    CTAs over 3072 columns): tiny's 256 columns over 12 CTAs are 12 chunks of 22, over 7 CTAs 7 of
+    37, the last ending past H. Its sum must wait only for H tiles that exist (it waited out its
+    bound for tile H/BH on the H200, dev rounds 46-47)."""
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+    import torch
+    from ffnq import reference
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.backends.triton import kernel as K
+    from ffnq.weights import shard, synthetic
+    spec = load_model("tiny")
+    runner = TritonRunner.with_grid(blocks)
+    g0 = K.geometry(offline.build_key(spec, 1, Experts.ALL, 2, blocks=blocks))
+    assert g0["NCH"] * g0["CH"] > spec.hidden  # the case under test
+    full = synthetic(spec, seed=8)
+    w = shard(full, spec, 1, 0, Experts.ALL)
+    pb = runner.open_peers(spec, 1, 0, "cpu", "t")
+    r = runner(1, 0, pb.sym, pb.peers, "cpu", widths=[2], model=spec)
+    g = torch.Generator().manual_seed(9)
+    part = torch.randn(2, spec.hidden, generator=g).bfloat16()
+    resid = torch.randn(2, spec.hidden, generator=g).bfloat16()
+    slots = torch.tensor([0, 1])
+    out, res = r(part, resid, w, slots)
+    ref = reference.step([part], resid, slots, full, spec)
+    assert r.fault(2) is None
+    assert reference.compare(out, ref.out)["rel_err"] < 1e-2
+    assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_row_topk_and_split_k(monkeypatch):
     """Six rows, so one CTA per row picks that row's top-k in phase B, and the stage-1 items
     split in two K parts (the last arriver of a tile sums them): TP1 numerics and routing."""

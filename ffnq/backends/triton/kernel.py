@@ -925,6 +925,8 @@ def ffn_kernel(
                 n_act = tl.load(meta + pid)
                 t_lo = (pid * CH) // BH
                 t_hi = (pid * CH + CH - 1) // BH  # a chunk spans at most two H tiles (CH <= BH)
+                if NCH * CH > H:  # the last chunk ends past H (a grid that does not divide it)
+                    t_hi = tl.minimum(pid * CH + CH - 1, H - 1) // BH
                 _wait_count(sync + NSL + t_lo, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                 if t_hi != t_lo:
                     _wait_count(sync + NSL + t_hi, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
