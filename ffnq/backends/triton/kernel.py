@@ -558,7 +558,7 @@ def ffn_kernel(
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
-    PLR: tl.constexpr,
+    PLR: tl.constexpr, SOLO: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -639,8 +639,9 @@ def ffn_kernel(
                     _backoff(IS_HIP, INTERP)
                     t = now_u(IS_HIP, INTERP)
                 faulted = _rank_faulted(fault, e)  # other CTAs may have given up meanwhile
-        _send(peers, pid, rank, par, p, tl.where(faulted, -e, e), offs, m2, P_SEAM, P_SEAM_LL, PH_SEAM, P_FLAGS, TP,
-              MT, H, BLOCKS, INTERP, FENCE, LL)
+        if not SOLO:  # (SOLO: TP1 has no peer, its all-reduces are the identity)
+            _send(peers, pid, rank, par, p, tl.where(faulted, -e, e), offs, m2, P_SEAM, P_SEAM_LL, PH_SEAM, P_FLAGS,
+                  TP, MT, H, BLOCKS, INTERP, FENCE, LL)
         _stamp(tl_row, C_SEAM_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 6):
         # this chunk's columns of the router [E, CH], loaded before the wait: its HBM latency
@@ -656,8 +657,14 @@ def ffn_kernel(
             if F8 & (STAGE == 0):  # x's range for its fp8 terms (phase B, stage 1), read before the link's wait too
                 xsig = _xsig(post_norm, H, HP2)
             h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)  # so is the residual
-        h += _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_SEAM, P_SEAM_LL, PH_SEAM, P_FLAGS,
-                     P_FBOX, TP, MT, H, BLOCKS, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
+        if SOLO:
+            if STAGE == 6:
+                p = tl.load(part + offs, mask=m2, other=0.0)
+            h += p.to(tl.float32)  # the sum of one rank's bf16 values, as the exchange gives it
+            _stamp(tl_row, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE)
+        else:
+            h += _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_SEAM, P_SEAM_LL, PH_SEAM,
+                         P_FLAGS, P_FBOX, TP, MT, H, BLOCKS, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
         tl.store(res_out + offs, h.to(tl.bfloat16), mask=m2)
         tl.store(_as(scratch, SC_H, tl.float32) + offs, h, mask=m2)
         if pid < NCH:
@@ -944,25 +951,35 @@ def ffn_kernel(
         _stamp(tl_row, C_EXPERTS_DONE, IS_HIP, INTERP, TIMELINE)
         offs = rows[:, None] * H + ccols[None, :]
         yb = y.to(tl.bfloat16)
-        _send(peers, pid, rank, par, yb, tl.where(_rank_faulted(fault, e), -e, e), offs, m2, P_MOE, P_MOE_LL, PH_REDUCE,
-              P_FLAGS, TP, MT, H, BLOCKS, INTERP, FENCE, LL)
+        if SOLO:
+            tl.store(out + offs, yb, mask=m2)
+        else:
+            _send(peers, pid, rank, par, yb, tl.where(_rank_faulted(fault, e), -e, e), offs, m2, P_MOE, P_MOE_LL,
+                  PH_REDUCE, P_FLAGS, TP, MT, H, BLOCKS, INTERP, FENCE, LL)
         _stamp(tl_row, C_RED_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 7):
         offs = rows[:, None] * H + ccols[None, :]
-        o = _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_MOE, P_MOE_LL, PH_REDUCE, P_FLAGS,
-                    P_FBOX, TP, MT, H, BLOCKS, C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
-        tl.store(out + offs, o.to(tl.bfloat16), mask=m2)
+        if SOLO:  # out was stored with the sum
+            _stamp(tl_row, C_RED_SEEN, IS_HIP, INTERP, TIMELINE)
+        else:
+            o = _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_MOE, P_MOE_LL, PH_REDUCE,
+                        P_FLAGS, P_FBOX, TP, MT, H, BLOCKS, C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
+            tl.store(out + offs, o.to(tl.bfloat16), mask=m2)
         _stamp(tl_row, C_RED_DONE, IS_HIP, INTERP, TIMELINE)
 
         # -------------------------------------------------------------------------- F: handshake, end
         if FINAL:
-            val = tl.where(_rank_faulted(fault, e), -e, e)
-            _publish(peers, pid, rank, val, PH_HANDSHAKE, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
+            if not SOLO:
+                val = tl.where(_rank_faulted(fault, e), -e, e)
+                _publish(peers, pid, rank, val, PH_HANDSHAKE, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
             _stamp(tl_row, C_HS_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 8):
         if FINAL:
-            _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, m2, m2, 0, PH_HANDSHAKE, P_FLAGS, P_FBOX, TP,
-                        BLOCKS, 0, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK, False)  # a flag: no chunk
+            if SOLO:
+                _stamp(tl_row, C_HS_SEEN, IS_HIP, INTERP, TIMELINE)
+            else:
+                _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, m2, m2, 0, PH_HANDSHAKE, P_FLAGS, P_FBOX,
+                            TP, BLOCKS, 0, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK, False)  # a flag: no chunk
             _stamp(tl_row, C_HS_DONE, IS_HIP, INTERP, TIMELINE)
         _stamp(tl_row, C_END, IS_HIP, INTERP, TIMELINE)
         if STAGE != 0:
@@ -1116,7 +1133,8 @@ def geometry(key) -> dict:
     # the live rows, not a 16-row dot, up to a row tile of n. Both v19 (TP1 dev round 43, one call: 2.5-3.1 us faster at 1-2 tokens, 0.7-1.2 at 4-16)
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
-                 LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2))
+                 LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
+                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 0)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -1185,7 +1203,8 @@ def launch_options(cx: dict) -> dict:
     HIP backend knows no launch_pdl, so it is named only where asked for). FFNQ_TRITON_TUNE
     "R1=168": at most 168 registers per thread at width 1 (ptxas's maxnreg, NVIDIA only), so
     that 3 CTAs of 128 threads fit an SM's 64K registers (with a grid of 3 x SMs, "G1=396")."""
-    opts = dict(launch_cooperative_grid=True, **({"launch_pdl": True} if cx.get("PDL") else {}))
+    # COOP=0 (development): a plain launch, the grid's residency left to warm's check
+    opts = dict(launch_cooperative_grid=bool(_tune().get("COOP", 1)), **({"launch_pdl": True} if cx.get("PDL") else {}))
     regs = None if cx.get("IS_HIP") else _tune().get(f"R{cx.get('S')}")
     return dict(opts, maxnreg=regs) if regs else opts
 
