@@ -165,10 +165,13 @@ def test_launch_and_sync_choices(monkeypatch):
     assert not (v14["PDL"] or v14["FENCE"] or v14["SORT"] or v14["LL"] or v14["PRE"] or v14["PLR"])
     assert (v14["CHK"], v14["BH"]) == (1, 128)
     assert K.launch_options(v14) == {"launch_cooperative_grid": True}
-    # SOLO: TP1 without its exchanges (the identity there); a TP2 build keeps them
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SOLO=1,COOP=0")
-    assert not cx(1)["SOLO"] and offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, 1), False)["SOLO"]
-    assert K.launch_options(cx(1))["launch_cooperative_grid"] is False
+    # SOLO (v22): TP1 without its exchanges (the identity there); a TP2 build keeps them
+    def tp1(hip=False):
+        return offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, 1), hip)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
+    assert tp1()["SOLO"] and tp1(hip=True)["SOLO"] and not cuda["SOLO"]
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SOLO=0,COOP=0")
+    assert not tp1()["SOLO"] and K.launch_options(cx(1))["launch_cooperative_grid"] is False
 
 
 def test_the_grid_follows_the_device(monkeypatch, capsys):
@@ -261,13 +264,13 @@ def test_static_formulas():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=1"])
+@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
     4 CTAs per row in the per-row pick (RPG=4: most CTAs sit the pick out), with the seam's
-    partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), and without the
-    exchanges, which at TP1 are the identity (SOLO=1)."""
+    partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), and with the exchanges
+    that TP1 skips by default (SOLO=0: they are the identity there, v22)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
