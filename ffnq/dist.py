@@ -36,9 +36,11 @@ def barrier() -> None:
 def all_ranks(x: int) -> list[int]:
     """Every rank's ``x``, in rank order (a list of one without a process group)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
-        out = [None] * dist.get_world_size()
-        dist.all_gather_object(out, int(x))
-        return out
+        # a cpu tensor: gloo in the jobs' "cpu:gloo,cuda:nccl" groups, as records' reductions
+        t = torch.tensor([int(x)], dtype=torch.int64)
+        out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, t)
+        return [int(o) for o in out]
     return [int(x)]
 
 
