@@ -42,6 +42,9 @@ step does, for one width S:
               barrier 1 in the fused launch (every CTA has read it by then), by the last CTA out
               (exit count) in staged launches.
 
+At TP1 (SOLO, its default) the seam's and the reduce's exchanges and the handshake are skipped:
+with no peer they are the identity (h = part + residual, out = the sum), so no flag is written.
+
 Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] this launch's
 arrivals at the grid barriers, [3] exit count (staged launches); [2] is FlyDSL's. Flags hold
 e (or -e once this rank faulted in this launch); a wait matches == e exactly. Every cross-GPU
