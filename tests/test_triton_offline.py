@@ -263,6 +263,24 @@ def test_static_formulas():
         residency.check("k", 0, 132, 128)
 
 
+def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
+    """One TP1 step of tiny through ``runner_cls`` on the CPU (the interpreter's staged launches):
+    (runner, out, res_out, the fp64 reference of the same step)."""
+    import torch
+    from ffnq import reference
+    from ffnq.weights import shard, synthetic
+    spec, S = load_model("tiny"), len(slots)
+    full = synthetic(spec, seed=weights_seed)
+    w = shard(full, spec, 1, 0, Experts.ALL)
+    pb = runner_cls.open_peers(spec, 1, 0, "cpu", "t")
+    r = runner_cls(1, 0, pb.sym, pb.peers, "cpu", widths=[S], model=spec)
+    g = torch.Generator().manual_seed(inputs_seed)
+    part = torch.randn(S, spec.hidden, generator=g).bfloat16()
+    resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
+    out, res = r(part, resid, w, slots)
+    return r, out, res, reference.step([part], resid, slots, full, spec)
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
@@ -275,18 +293,7 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
-    from ffnq.weights import shard, synthetic
-    spec = load_model("tiny")
-    full = synthetic(spec, seed=2)
-    w = shard(full, spec, 1, 0, Experts.ALL)
-    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
-    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[3], model=spec)
-    g = torch.Generator().manual_seed(5)
-    part = torch.randn(3, spec.hidden, generator=g).bfloat16()
-    resid = torch.randn(3, spec.hidden, generator=g).bfloat16()
-    slots = torch.tensor([0, -1, 2])
-    out, res = r(part, resid, w, slots)
-    ref = reference.step([part], resid, slots, full, spec)
+    r, out, res, ref = _tp1_step(TritonRunner, torch.tensor([0, -1, 2]), 2, 5)
     assert reference.compare(out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] < 1e-2
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
     assert torch.equal(r.view(3, "route").long(), ref.chosen)
@@ -305,21 +312,10 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import kernel as K
-    from ffnq.weights import shard, synthetic
     spec = load_model("tiny")
-    runner = TritonRunner.with_grid(blocks)
     g0 = K.geometry(offline.build_key(spec, 1, Experts.ALL, 2, blocks=blocks))
     assert g0["NCH"] * g0["CH"] > spec.hidden  # the case under test
-    full = synthetic(spec, seed=8)
-    w = shard(full, spec, 1, 0, Experts.ALL)
-    pb = runner.open_peers(spec, 1, 0, "cpu", "t")
-    r = runner(1, 0, pb.sym, pb.peers, "cpu", widths=[2], model=spec)
-    g = torch.Generator().manual_seed(9)
-    part = torch.randn(2, spec.hidden, generator=g).bfloat16()
-    resid = torch.randn(2, spec.hidden, generator=g).bfloat16()
-    slots = torch.tensor([0, 1])
-    out, res = r(part, resid, w, slots)
-    ref = reference.step([part], resid, slots, full, spec)
+    r, out, res, ref = _tp1_step(TritonRunner.with_grid(blocks), torch.tensor([0, 1]), 8, 9)
     assert r.fault(2) is None
     assert reference.compare(out, ref.out)["rel_err"] < 1e-2
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
@@ -333,21 +329,11 @@ def test_interpreter_row_topk_and_split_k(monkeypatch):
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import kernel as K
-    from ffnq.weights import shard, synthetic
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=2")
-    spec, S = load_model("tiny"), 6
-    full = synthetic(spec, seed=6)
-    w = shard(full, spec, 1, 0, Experts.ALL)
-    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
-    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[S], model=spec)
+    S = 6
+    r, out, res, ref = _tp1_step(TritonRunner, torch.tensor([0, 1, -1, 3, 4, 5]), 6, 8)
     geo = K.geometry(r.keys[S])
     assert geo["KS"] == 2 and geo["ROWTOP"]
-    g = torch.Generator().manual_seed(8)
-    part = torch.randn(S, spec.hidden, generator=g).bfloat16()
-    resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
-    slots = torch.tensor([0, 1, -1, 3, 4, 5])
-    out, res = r(part, resid, w, slots)
-    ref = reference.step([part], resid, slots, full, spec)
     live = torch.tensor([0, 1, 3, 4, 5])
     assert reference.compare(out, ref.out, rows=live)["rel_err"] < 1e-2
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2

@@ -1054,9 +1054,10 @@ def measured(model: str, tp: int, tokens: int) -> dict:
     """The choices measured faster than the geometry's model for one width
     (configs/triton-measured.toml; FFNQ_TRITON_TUNE overrides them)."""
     row = _measured_table().get(model, {}).get(f"tp{tp}", {}).get(f"w{tokens}", {})
-    if set(row) - MEASURED_KEYS:
-        raise ValueError(f"configs/triton-measured.toml [{model}.tp{tp}.w{tokens}]: keys "
-                         f"{sorted(set(row) - MEASURED_KEYS)} are not build choices ({', '.join(sorted(MEASURED_KEYS))})")
+    bad = sorted(set(row) - MEASURED_KEYS)
+    if bad:
+        raise ValueError(f"configs/triton-measured.toml [{model}.tp{tp}.w{tokens}]: keys {bad} are not "
+                         f"build choices ({', '.join(sorted(MEASURED_KEYS))})")
     return {k: int(v) for k, v in row.items()}
 
 
@@ -1133,9 +1134,10 @@ def geometry(key) -> dict:
     # CHK: polls of a wait between its clock/fault checks; PDL: programmatic dependent launch
     # (sm_90); LL: the seam and reduce exchanges as tagged words; PRE: the seam's reads of the
     # router, post_norm and residual issued before the push; PLR=n: the seam's partial logits over
-    # the live rows, not a 16-row dot, up to a row tile of n. Both v19 (TP1 dev round 43, one call: 2.5-3.1 us faster at 1-2 tokens, 0.7-1.2 at 4-16).
-    # SOLO: TP1 without its exchanges (the identity with no peer), v22 (dev round 49: 2.0 / 1.6 /
-    # 2.3 / 3.6 us faster at 1 / 2 / 4 / 16 tokens); TP2 builds are unchanged
+    # the live rows, not a 16-row dot, up to a row tile of n. Both v19 (TP1 dev round 43, one
+    # call: 2.5-3.1 us faster at 1-2 tokens, 0.7-1.2 at 4-16). SOLO: TP1 without its exchanges
+    # (the identity with no peer), v22 (dev round 49: 2.0 / 1.6 / 2.3 / 3.6 us faster at 1 / 2 /
+    # 4 / 16 tokens); TP2 builds are unchanged
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
@@ -1208,9 +1210,10 @@ def launch_options(cx: dict) -> dict:
     HIP backend knows no launch_pdl, so it is named only where asked for). FFNQ_TRITON_TUNE
     "R1=168": at most 168 registers per thread at width 1 (ptxas's maxnreg, NVIDIA only), so
     that 3 CTAs of 128 threads fit an SM's 64K registers (with a grid of 3 x SMs, "G1=396")."""
+    tune = _tune()
     # COOP=0 (development): a plain launch, the grid's residency left to warm's check
-    opts = dict(launch_cooperative_grid=bool(_tune().get("COOP", 1)), **({"launch_pdl": True} if cx.get("PDL") else {}))
-    regs = None if cx.get("IS_HIP") else _tune().get(f"R{cx.get('S')}")
+    opts = dict(launch_cooperative_grid=bool(tune.get("COOP", 1)), **({"launch_pdl": True} if cx.get("PDL") else {}))
+    regs = None if cx.get("IS_HIP") else tune.get(f"R{cx.get('S')}")
     return dict(opts, maxnreg=regs) if regs else opts
 
 
