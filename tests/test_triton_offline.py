@@ -172,6 +172,12 @@ def test_launch_and_sync_choices(monkeypatch):
     assert tp1()["SOLO"] and tp1(hip=True)["SOLO"] and not cuda["SOLO"]
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "SOLO=0,COOP=0")
     assert not tp1()["SOLO"] and K.launch_options(cx(1))["launch_cooperative_grid"] is False
+    # FR=n: TP1 up to n tokens reads whole rows for its logits, one barrier, no per-row pick;
+    # never at TP2 (a CTA there holds only its chunk of the all-reduced rows)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=2")
+    fr = {s: offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, s), False) for s in (1, 2, 3)}
+    assert [fr[s]["FR"] for s in (1, 2, 3)] == [1, 1, 0] and fr[1]["FB"] == 1024
+    assert not fr[2]["ROWTOP"] and fr[3]["ROWTOP"] and cx(1)["FR"] == 0
 
 
 def test_the_grid_follows_the_device(monkeypatch, capsys):
@@ -282,13 +288,14 @@ def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0"])
+@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "FR=4"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
     4 CTAs per row in the per-row pick (RPG=4: most CTAs sit the pick out), with the seam's
-    partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), and with the exchanges
-    that TP1 skips by default (SOLO=0: they are the identity there, v22)."""
+    partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), with the exchanges
+    that TP1 skips by default (SOLO=0: they are the identity there, v22), and with every CTA
+    reading the whole rows for rstd and its experts' logits, one grid barrier (FR=4)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference

@@ -243,6 +243,35 @@ def _xsig_of(pn):
 
 
 @triton.jit
+def _store_x(scratch, offs, m2, xc, xsig, S: tl.constexpr, H: tl.constexpr, SC_X: tl.constexpr, F8: tl.constexpr,
+             INTERP: tl.constexpr):
+    """Stage 1's x of one column chunk (the normed rows times post_norm) into scratch."""
+    if F8:
+        # x / xsig as four fp8 terms, each the rounding residue of the last times 16 (~16
+        # mantissa bits in all): stage 1 multiplies them with the fp8 weight codes as they are
+        xr = xc / xsig
+        for t in tl.static_range(4):
+            xt = _fp8(xr, INTERP)
+            tl.store(_as(scratch, SC_X, tl.float8e4nv) + t * S * H + offs, xt, mask=m2)
+            xr = (xr - xt.to(tl.float32)) * 16.0
+    else:
+        # x as a pair of fp16 (hi + lo): fp16 MMAs with ~22 mantissa bits of activation
+        xh = xc.to(tl.float16)
+        xl = (xc - xh.to(tl.float32)).to(tl.float16)
+        tl.store(_as(scratch, SC_X, tl.float16) + offs, xh, mask=m2)
+        tl.store(_as(scratch, SC_X, tl.float16) + S * H + offs, xl, mask=m2)
+
+
+@triton.jit
+def _clear_sync(scratch, pid, SC_SYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr, NSYNC: tl.constexpr):
+    """The expert phases' counters, cleared before the grid barrier that precedes their every use
+    (a stale or poisoned value from an aborted launch cannot leak in)."""
+    sq = pid * SEG + tl.arange(0, SEGP2)
+    tl.store(_as(scratch, SC_SYNC, tl.int32) + sq, tl.zeros((SEGP2,), tl.int32),
+             mask=(tl.arange(0, SEGP2) < SEG) & (sq < NSYNC))
+
+
+@triton.jit
 def _mma(w, x, acc, INTERP: tl.constexpr):
     """acc + w [M,K] @ x [K,N] with the weights as the A operand ("swap AB": M = weight rows,
     N = the few tokens), fp32 accumulate."""
@@ -481,7 +510,8 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
                   LAST: tl.constexpr):
     """Barrier over the co-resident grid, always passed, even after a fault (bounded as a last
     resort). words[1] counts this launch's arrivals from 0: the first barrier is passed at BLOCKS,
-    the LAST at 2 x BLOCKS, whose last arrival sets the count back to 0 (a release; the next
+    the LAST (LAST = n: the launch's n-th and last barrier; 0: not the last) at n x BLOCKS, whose
+    last arrival sets the count back to 0 (a release; the next
     launch reads it only after this one ends: the kernel boundary or gdc_wait). A CTA still
     polling then sees the full count or the 0, both past its own arrival (a uint32 difference).
     One arrival atomic per CTA and polls of one word, and launches of any grids in any order on
@@ -494,9 +524,9 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
         tl.debug_barrier()
         cnt = (words + 1).to(tl.pointer_type(tl.uint32), bitcast=True)
         old = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        full = 2 * BLOCKS if LAST else BLOCKS
+        full = LAST * BLOCKS if LAST else BLOCKS
         if LAST:
-            if old == 2 * BLOCKS - 1:
+            if old == LAST * BLOCKS - 1:
                 tl.atomic_xchg(cnt, 0, sem="release", scope="gpu")
         _spin_count(cnt, old + 1, old + 1, full - 1 - old, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP,
                     INTERP, CHK)
@@ -561,7 +591,7 @@ def ffn_kernel(
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
-    PLR: tl.constexpr, SOLO: tl.constexpr,
+    PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, FB: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -606,7 +636,7 @@ def ffn_kernel(
     ecols = tl.arange(0, EP2)
     evalid = ecols < E
 
-    if F8 & ((STAGE == 2) | (STAGE == 3)):  # a staged launch of phase B or stage 1: x's range here
+    if F8 & ((STAGE == 2) | (STAGE == 3) | ((STAGE == 6) & (FR != 0))):  # staged launches: x's range here
         xsig = _xsig(post_norm, H, HP2)
 
     # ------------------------------------------------------------------------------ A: seam
@@ -620,8 +650,9 @@ def ffn_kernel(
             # here would hold the push until its bytes came): at TP1 they took ~3 us after it
             # (the same loads as the seam's below, written out: as a helper they moved the default
             # build's sm_90 schedule at 16 tokens)
-            rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
-                           mask=cmask[:, None] & evalid[None, :], other=0.0)
+            if FR == 0:  # (FR reads whole router rows instead)
+                rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
+                               mask=cmask[:, None] & evalid[None, :], other=0.0)
             pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
             h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)
             if F8:
@@ -654,8 +685,9 @@ def ffn_kernel(
             if F8:
                 xsig = _xsig_of(pn_all)
         else:
-            rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
-                           mask=cmask[:, None] & evalid[None, :], other=0.0)
+            if FR == 0:
+                rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
+                               mask=cmask[:, None] & evalid[None, :], other=0.0)
             pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
             if F8 & (STAGE == 0):  # x's range for its fp8 terms (phase B, stage 1), read before the link's wait too
                 xsig = _xsig(post_norm, H, HP2)
@@ -669,6 +701,35 @@ def ffn_kernel(
             h += _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_SEAM, P_SEAM_LL, PH_SEAM,
                          P_FLAGS, P_FBOX, TP, MT, H, BLOCKS, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
         tl.store(res_out + offs, h.to(tl.bfloat16), mask=m2)
+        if FR:
+            # (FR, TP1 at few rows) every CTA reads the whole rows, so rstd and its own experts'
+            # logits need no other CTA's partials, and phase B's work is done here: one grid
+            # barrier before the top-k, not two and a pass over every chunk's partial logits
+            ecol = pid * EPC + tl.arange(0, EPCP2)
+            emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
+            ssf = tl.zeros((RT,), tl.float32)
+            dot = tl.zeros((RT, EPCP2), tl.float32)
+            for kf in tl.static_range(0, H, FB):
+                kk = kf + tl.arange(0, FB)
+                km = kk < H
+                fo = rows_r[:, None] * H + kk[None, :]
+                fm = rmask_r[:, None] & km[None, :]
+                hf = tl.load(residual + fo, mask=fm, other=0.0).to(tl.float32)
+                hf += tl.load(part + fo, mask=fm, other=0.0).to(tl.float32)
+                ssf += tl.sum(hf * hf, axis=1)
+                hp = hf * tl.load(post_norm + kk, mask=km, other=0.0)[None, :]
+                rw = tl.load(router + ecol[:, None].to(tl.int64) * H + kk[None, :], mask=emask[:, None] & km[None, :],
+                             other=0.0)
+                dot += tl.sum(hp[:, None, :] * rw[None, :, :], axis=2)
+            rstd_r = 1.0 / tl.sqrt_rn(ssf / H + EPS)  # [RT], the same in every CTA
+            if pid * EPC < E:
+                tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecol[None, :],
+                         dot * rstd_r[:, None], mask=rmask_r[:, None] & emask[None, :])
+            if pid < NCH:
+                rstd = tl.sum(tl.where(rows[:, None] == rows_r[None, :], rstd_r[None, :], 0.0), axis=1)  # [SP]
+                _store_x(scratch, offs, m2, h * rstd[:, None] * pn_c[None, :], xsig, S, H, SC_X, F8, INTERP)
+            _clear_sync(scratch, pid, SC_SYNC, SEG, SEGP2, NSYNC)
+    if ((STAGE == 0) | (STAGE == 6)) & (FR == 0):
         tl.store(_as(scratch, SC_H, tl.float32) + offs, h, mask=m2)
         if pid < NCH:
             tl.store(_as(scratch, SC_SSQ, tl.float32) + pid * SP + rows, tl.sum(h * h, axis=1))
@@ -686,15 +747,19 @@ def ffn_kernel(
                 prow, pmask = rows, rmask
             tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + prow[:, None]) * EP2 + ecols[None, :], pl,
                      mask=pmask[:, None] & evalid[None, :])
+    if (STAGE == 0) | (STAGE == 6):
         _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, False)
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, FR)
     if (STAGE == 0) & (pid == 0):
         # every CTA read the epoch before barrier 1, so it moves on here (also after a fault);
         # the next launch reads it after the kernel boundary (or gdc_wait): no exit counter
         tl.store(words, e)
 
     # ------------------------------------------------------------------------------ B: norm + router logits
-    if (STAGE == 0) | (STAGE == 2):
+    if FR:  # phase B was done in phase A
+        _stamp(sub_row, 0, IS_HIP, INTERP, TIMELINE)
+        _stamp(sub_row, 1, IS_HIP, INTERP, TIMELINE)
+    elif (STAGE == 0) | (STAGE == 2):
         _stamp(sub_row, 0, IS_HIP, INTERP, TIMELINE)
         chs = tl.arange(0, NCHP2)
         ssq = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows[None, :],
@@ -706,26 +771,8 @@ def ffn_kernel(
             offs = rows[:, None] * H + ccols[None, :]
             hc = tl.load(hbase + offs, mask=m2, other=0.0)
             pn = tl.load(post_norm + ccols, mask=cmask, other=0.0)
-            xc = hc * rstd[:, None] * pn[None, :]
-            if F8:
-                # x / xsig as four fp8 terms, each the rounding residue of the last times 16 (~16
-                # mantissa bits in all): stage 1 multiplies them with the fp8 weight codes as they are
-                xr = xc / xsig
-                for t in tl.static_range(4):
-                    xt = _fp8(xr, INTERP)
-                    tl.store(_as(scratch, SC_X, tl.float8e4nv) + t * S * H + offs, xt, mask=m2)
-                    xr = (xr - xt.to(tl.float32)) * 16.0
-            else:
-                # x as a pair of fp16 (hi + lo): fp16 MMAs with ~22 mantissa bits of activation
-                xh = xc.to(tl.float16)
-                xl = (xc - xh.to(tl.float32)).to(tl.float16)
-                tl.store(_as(scratch, SC_X, tl.float16) + offs, xh, mask=m2)
-                tl.store(_as(scratch, SC_X, tl.float16) + S * H + offs, xl, mask=m2)
-        # the expert phases' counters, cleared here: every use is after barrier 2 (a stale or
-        # poisoned value from an aborted launch cannot leak in)
-        sq = pid * SEG + tl.arange(0, SEGP2)
-        tl.store(_as(scratch, SC_SYNC, tl.int32) + sq, tl.zeros((SEGP2,), tl.int32),
-                 mask=(tl.arange(0, SEGP2) < SEG) & (sq < NSYNC))
+            _store_x(scratch, offs, m2, hc * rstd[:, None] * pn[None, :], xsig, S, H, SC_X, F8, INTERP)
+        _clear_sync(scratch, pid, SC_SYNC, SEG, SEGP2, NSYNC)
         if ROWTOP:
             # RP CTAs per row each sum CPP chunks' partial logits of that row; the last to arrive
             # sums the RP parts in order (deterministic, the same on every rank) and picks the
@@ -768,7 +815,8 @@ def ffn_kernel(
             tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecol[None, :], lg,
                      mask=rmask_r[:, None] & emask[None, :])
         _stamp(sub_row, 1, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, True)
+    if not FR:
+        _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, 2)
 
     # ------------------------------------------------------------------------------ C: top-k + experts stage 1
     sync = _as(scratch, SC_SYNC, tl.int32)  # [NSL] stage-1 tiles done per slot, [NHT] stage-2 items done per H tile, [NSL*NT] split-K arrivals
@@ -1112,7 +1160,10 @@ def geometry(key) -> dict:
     # row) instead of every CTA on the whole tile after barrier 2: from 2 rows by default (v17 from
     # 4: 3-4 us faster at 3-4 tokens, TP2 dev round 34, where 2 rows were 0.9 us slower with 128
     # CTAs per row; v18 from 2 with 16 per row: 1.2-1.4 us faster at 2 tokens, TP1 rounds 37-38)
-    rowtop = rt >= tune.get("RTOP", 2)
+    # FR=n: at TP1 up to n tokens every CTA reads the whole rows for rstd and its own experts'
+    # logits (one grid barrier, not two, and the every-CTA top-k of one token; no row pick)
+    fr = int(key.tp == 1 and key.tokens <= tune.get("FR", 0))
+    rowtop = rt >= tune.get("RTOP", 2) and not fr
     # CTAs per row in that pick: at most RPG (v18: 16; the grid's share, 64 at 4 rows, left the
     # row's last arriver 64 slices to read: 16 was 0.7-1.3 us faster at 4 tokens, 0.5-0.8 at 8, TP1
     # rounds 37-38), rounded down to a power of two (the last arriver's tl.arange over the slices)
@@ -1141,7 +1192,7 @@ def geometry(key) -> dict:
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
-                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)))
+                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, FB=min(1024, _p2(H)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
