@@ -263,6 +263,20 @@ def _store_x(scratch, offs, m2, xc, xsig, S: tl.constexpr, H: tl.constexpr, SC_X
 
 
 @triton.jit
+def _fr_loads(part, residual, post_norm, router, rows_r, rmask_r, ecol, emask, H: tl.constexpr, HP2: tl.constexpr):
+    """FR: the whole rows of residual and part [RT, HP2], post_norm [HP2], and the router rows of
+    this CTA's experts [EPCP2, HP2]: loads only, issued together."""
+    hh = tl.arange(0, HP2)
+    hm = hh < H
+    fo = rows_r[:, None] * H + hh[None, :]
+    fm = rmask_r[:, None] & hm[None, :]
+    return (tl.load(residual + fo, mask=fm, other=0.0), tl.load(part + fo, mask=fm, other=0.0),
+            tl.load(post_norm + hh, mask=hm, other=0.0),
+            tl.load(router + ecol[:, None].to(tl.int64) * H + hh[None, :], mask=emask[:, None] & hm[None, :],
+                    other=0.0))
+
+
+@triton.jit
 def _clear_sync(scratch, pid, SC_SYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr, NSYNC: tl.constexpr):
     """The expert phases' counters, cleared before the grid barrier that precedes their every use
     (a stale or poisoned value from an aborted launch cannot leak in)."""
@@ -591,7 +605,7 @@ def ffn_kernel(
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
-    PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, FB: tl.constexpr,
+    PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -635,6 +649,9 @@ def ffn_kernel(
     rmask_r = rows_r < S
     ecols = tl.arange(0, EP2)
     evalid = ecols < E
+    if FR:  # this CTA's experts, whose logits it makes (FR: in phase A)
+        ecol = pid * EPC + tl.arange(0, EPCP2)
+        emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
 
     if F8 & ((STAGE == 2) | (STAGE == 3) | ((STAGE == 6) & (FR != 0))):  # staged launches: x's range here
         xsig = _xsig(post_norm, H, HP2)
@@ -657,6 +674,9 @@ def ffn_kernel(
             h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)
             if F8:
                 pn_all = _post_norm_all(post_norm, H, HP2)
+            if FR:  # the whole rows and this CTA's router rows, before any store (a store would hold them)
+                fr_res, fr_part, fr_pn, fr_rw = _fr_loads(part, residual, post_norm, router, rows_r, rmask_r, ecol,
+                                                          emask, H, HP2)
         faulted = tl.load(fault + F_EPOCH, cache_modifier=".cg") == e.to(tl.int64)
         if pid == 0:
             if not faulted:
@@ -705,23 +725,12 @@ def ffn_kernel(
             # (FR, TP1 at few rows) every CTA reads the whole rows, so rstd and its own experts'
             # logits need no other CTA's partials, and phase B's work is done here: one grid
             # barrier before the top-k, not two and a pass over every chunk's partial logits
-            ecol = pid * EPC + tl.arange(0, EPCP2)
-            emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
-            ssf = tl.zeros((RT,), tl.float32)
-            dot = tl.zeros((RT, EPCP2), tl.float32)
-            for kf in tl.static_range(0, H, FB):
-                kk = kf + tl.arange(0, FB)
-                km = kk < H
-                fo = rows_r[:, None] * H + kk[None, :]
-                fm = rmask_r[:, None] & km[None, :]
-                hf = tl.load(residual + fo, mask=fm, other=0.0).to(tl.float32)
-                hf += tl.load(part + fo, mask=fm, other=0.0).to(tl.float32)
-                ssf += tl.sum(hf * hf, axis=1)
-                hp = hf * tl.load(post_norm + kk, mask=km, other=0.0)[None, :]
-                rw = tl.load(router + ecol[:, None].to(tl.int64) * H + kk[None, :], mask=emask[:, None] & km[None, :],
-                             other=0.0)
-                dot += tl.sum(hp[:, None, :] * rw[None, :, :], axis=2)
-            rstd_r = 1.0 / tl.sqrt_rn(ssf / H + EPS)  # [RT], the same in every CTA
+            if not (PRE & (STAGE == 0)):
+                fr_res, fr_part, fr_pn, fr_rw = _fr_loads(part, residual, post_norm, router, rows_r, rmask_r, ecol,
+                                                          emask, H, HP2)
+            hf = fr_res.to(tl.float32) + fr_part.to(tl.float32)  # [RT, HP2], as the chunk's h
+            rstd_r = 1.0 / tl.sqrt_rn(tl.sum(hf * hf, axis=1) / H + EPS)  # [RT], the same in every CTA
+            dot = tl.sum((hf * fr_pn[None, :])[:, None, :] * fr_rw[None, :, :], axis=2)  # [RT, EPCP2]
             if pid * EPC < E:
                 tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecol[None, :],
                          dot * rstd_r[:, None], mask=rmask_r[:, None] & emask[None, :])
@@ -1160,9 +1169,10 @@ def geometry(key) -> dict:
     # row) instead of every CTA on the whole tile after barrier 2: from 2 rows by default (v17 from
     # 4: 3-4 us faster at 3-4 tokens, TP2 dev round 34, where 2 rows were 0.9 us slower with 128
     # CTAs per row; v18 from 2 with 16 per row: 1.2-1.4 us faster at 2 tokens, TP1 rounds 37-38)
-    # FR=n: at TP1 up to n tokens every CTA reads the whole rows for rstd and its own experts'
-    # logits (one grid barrier, not two, and the every-CTA top-k of one token; no row pick)
-    fr = int(key.tp == 1 and key.tokens <= tune.get("FR", 0))
+    # FR=n: at TP1 up to n tokens (at most 2: the rows are held whole in registers) every CTA
+    # reads the whole rows for rstd and its own experts' logits (one grid barrier, not two, and
+    # the every-CTA top-k of one token; no row pick)
+    fr = int(key.tp == 1 and key.tokens <= min(2, tune.get("FR", 0)))
     rowtop = rt >= tune.get("RTOP", 2) and not fr
     # CTAs per row in that pick: at most RPG (v18: 16; the grid's share, 64 at 4 rows, left the
     # row's last arriver 64 slices to read: 16 was 0.7-1.3 us faster at 4 tokens, 0.5-0.8 at 8, TP1
@@ -1192,7 +1202,7 @@ def geometry(key) -> dict:
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
-                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, FB=min(1024, _p2(H)))
+                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr)
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
