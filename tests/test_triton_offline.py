@@ -174,6 +174,8 @@ def test_launch_and_sync_choices(monkeypatch):
     assert not tp1()["SOLO"] and K.launch_options(cx(1))["launch_cooperative_grid"] is False
     # FR=n: TP1 up to n tokens reads whole rows for its logits, one barrier, no per-row pick;
     # never at TP2 (a CTA there holds only its chunk of the all-reduced rows)
+    w2 = offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, 2), False)
+    assert tp1()["FR"] == 1 and w2["FR"] == 1 and not w2["ROWTOP"]  # v23: FR=2 by default
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=4")  # at most 2: the rows are held whole
     fr = {s: offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, s), False) for s in (1, 2, 3)}
     assert [fr[s]["FR"] for s in (1, 2, 3)] == [1, 1, 0]

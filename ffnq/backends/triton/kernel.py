@@ -1171,8 +1171,11 @@ def geometry(key) -> dict:
     # CTAs per row; v18 from 2 with 16 per row: 1.2-1.4 us faster at 2 tokens, TP1 rounds 37-38)
     # FR=n: at TP1 up to n tokens (at most 2: the rows are held whole in registers) every CTA
     # reads the whole rows for rstd and its own experts' logits (one grid barrier, not two, and
-    # the every-CTA top-k of one token; no row pick)
-    fr = int(key.tp == 1 and key.tokens <= min(2, tune.get("FR", 0)))
+    # the every-CTA top-k; no row pick). v23 (dev round 51, TP1 side by side: 48.2 against 51.5
+    # us at one token, 80.7 against 83.0 at two; at 3-4 tokens its first form, a reduction per
+    # load block, was 113.3 / 141.1 against the row pick's 113.0 / 139.5, round 50). A TP2 CTA
+    # holds only its chunk of the all-reduced rows: never there
+    fr = int(key.tp == 1 and key.tokens <= min(2, tune.get("FR", 2)))
     rowtop = rt >= tune.get("RTOP", 2) and not fr
     # CTAs per row in that pick: at most RPG (v18: 16; the grid's share, 64 at 4 rows, left the
     # row's last arriver 64 slices to read: 16 was 0.7-1.3 us faster at 4 tokens, 0.5-0.8 at 8, TP1
