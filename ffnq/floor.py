@@ -12,9 +12,11 @@ import statistics
 
 import torch
 
-from ffnq.timing import time_steps
+from ffnq.timing import steps_for, time_steps
 
 L2_MULTIPLE = 4  # read sets together this many times the L2, so each read comes from HBM
+WARMUP_MS = 200  # of reads before the timed ones: the clocks of an idle GPU are not yet up
+SAMPLES = 40
 
 
 def _read_kernel():
@@ -34,9 +36,12 @@ def _read_kernel():
     return read_all
 
 
-def hbm_read_gbps(device: torch.device, mbytes: int = 512) -> float:
+def hbm_read_gbps(device: torch.device, mbytes: int = 512, warmup_ms: float = WARMUP_MS,
+                  samples: int = SAMPLES) -> float:
     """Read-only bandwidth (GB/s, bytes read only) of a grid-stride Triton read over buffers
-    together several times the L2, so each read comes from HBM."""
+    together several times the L2, so each read comes from HBM: the median of ``samples`` after
+    ``warmup_ms`` of the same reads (ten samples straight from an idle GPU spread 3.9-4.4 TB/s
+    between bench runs on one H200 while the kernels timed beside them moved under 1%)."""
     props = torch.cuda.get_device_properties(device)
     l2 = getattr(props, "L2_cache_size", 64 << 20)
     n = mbytes << 20
@@ -50,7 +55,10 @@ def hbm_read_gbps(device: torch.device, mbytes: int = 512) -> float:
         for b in bufs:
             kernel[(grid,)](b, out, b.numel(), BLOCK=4096, num_warps=8)
 
-    us = statistics.median(time_steps(read_all, 10, device=device, graph=True))
+    first = time_steps(read_all, 1, device=device, graph=True)[0]
+    for _ in range(steps_for(first, warmup_ms, 1, 10_000)):
+        read_all()
+    us = statistics.median(time_steps(read_all, samples, device=device, graph=True))
     return sets * n / us / 1e3
 
 
