@@ -15,7 +15,7 @@ import torch
 from ffnq.timing import steps_for, time_steps
 
 L2_MULTIPLE = 4  # read sets together this many times the L2, so each read comes from HBM
-WARMUP_MS = 200  # of reads before the timed ones: the clocks of an idle GPU are not yet up
+WARMUP_MS = 200  # of reads before the timed ones: freshly placed buffers first read slower
 SAMPLES = 40
 
 
@@ -40,8 +40,10 @@ def hbm_read_gbps(device: torch.device, mbytes: int = 512, warmup_ms: float = WA
                   samples: int = SAMPLES) -> float:
     """Read-only bandwidth (GB/s, bytes read only) of a grid-stride Triton read over buffers
     together several times the L2, so each read comes from HBM: the median of ``samples`` after
-    ``warmup_ms`` of the same reads (ten samples straight from an idle GPU spread 3.9-4.4 TB/s
-    between bench runs on one H200 while the kernels timed beside them moved under 1%)."""
+    ``warmup_ms`` of the same reads. On one H200, ten samples straight after the buffers were
+    placed read 3.91 TB/s in 11 of 16 placements and 4.50 in the rest; after the warm-up, 4.50
+    in 8 of 8 (0.3% spread; scripts/floor_check.py --move, reports/logs/device-round-35.log).
+    The bench had measured it cold: 3.89-4.43 TB/s between runs whose p50s moved under 1%."""
     props = torch.cuda.get_device_properties(device)
     l2 = getattr(props, "L2_cache_size", 64 << 20)
     n = mbytes << 20
