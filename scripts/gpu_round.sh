@@ -6,6 +6,7 @@
 #   prewarm (both) prewarm1 prewarm2   fill Triton's cache for TP1/TP2 minimax-m2 with parallel CPU compiles
 #   warm2 qualify2 bench2 soak2 gate2   TP2 on 2 GPUs      warm1 qualify1 bench1 soak1 gate1   TP1
 #   vllm2 vllm2s   TP2 bench beside (b) and (d) = (b) with vLLM's fused_moe kernel (default / small-M config)
+#   tp2on1   TP2's builds on one GPU (both ranks in one process, half the grid each: scripts/tp2_one_gpu.py)
 #   SOAK_STEPS (default 100000) sets the soak's length
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -51,6 +52,7 @@ for s in "$@"; do
       step $s 150 $FF bench $M --tp 2 --widths 1,2,4,8,16 --rep-ms 300 --baselines unfused,vllm --out "$R"
       unset FFNQ_VLLM_MOE FFNQ_VLLM_MOE_CONFIG ;;
     gate2) step $s 300 $FF gate configs/gates/h200x2-tp2.toml --out "$R" ;;
+    tp2on1) step $s 240 bash -c "python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 --tp 2 --blocks \$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)') --jobs 14 | tail -n 1 && python3 scripts/tp2_one_gpu.py --out $R" ;;
     *) echo "unknown step $s" ;;
   esac
 done
