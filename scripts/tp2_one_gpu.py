@@ -60,6 +60,8 @@ class Pair:
         for k, (r, st) in enumerate(zip(self.rs, self.streams)):
             st.wait_event(ev)
             with torch.cuda.stream(st):
+                # the runner's launch with our outputs (its __call__ allocates fresh ones; these
+                # are poisoned by the caller, so a row the kernel skips shows as NaN)
                 s = r.check_inputs(parts[k], resid, slots)
                 r._launch(s, r._args(s, parts[k], resid, slots, *outs[k], ws[k]), final)
         for st in self.streams:

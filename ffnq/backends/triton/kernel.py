@@ -44,6 +44,9 @@ step does, for one width S:
 
 At TP1 (SOLO, its default) the seam's and the reduce's exchanges and the handshake are skipped:
 with no peer they are the identity (h = part + residual, out = the sum), so no flag is written.
+At TP1 up to two tokens (FR, v23) every CTA also reads the whole rows in phase A, so rstd and
+its own experts' logits need no other CTA's partials: x and the logits are written there, phase
+B is empty and one grid barrier (not two) precedes the top-k, which every CTA makes.
 
 Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] this launch's
 arrivals at the grid barriers, [3] exit count (staged launches); [2] is FlyDSL's. Flags hold
@@ -765,7 +768,7 @@ def ffn_kernel(
         tl.store(words, e)
 
     # ------------------------------------------------------------------------------ B: norm + router logits
-    if FR:  # phase B was done in phase A
+    if ((STAGE == 0) | (STAGE == 2)) & (FR != 0):  # phase B was done in phase A
         _stamp(sub_row, 0, IS_HIP, INTERP, TIMELINE)
         _stamp(sub_row, 1, IS_HIP, INTERP, TIMELINE)
     elif (STAGE == 0) | (STAGE == 2):
