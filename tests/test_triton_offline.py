@@ -290,13 +290,14 @@ def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0"])
+@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
     4 CTAs per row in the per-row pick (RPG=4: most CTAs sit the pick out), with the seam's
-    partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), and with the exchanges
-    that TP1 skips by default (SOLO=0: they are the identity there, v22)."""
+    partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), with the exchanges
+    that TP1 skips by default (SOLO=0: they are the identity there, v22), and with each stage-2
+    item in two parts of I_R, summed in phase E (KH=2)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference

@@ -608,7 +608,7 @@ def ffn_kernel(
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
-    PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr,
+    PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -955,9 +955,13 @@ def ffn_kernel(
             if w < n1:
                 w += ((n1 - w + BLOCKS - 1) // BLOCKS) * BLOCKS
             w0 = w
-            while w < n1 + n_act * NHT:
-                j = (w - n1) // NHT
-                t = (w - n1) % NHT
+            # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
+            # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
+            while w < n1 + n_act * (NHT * KH):
+                j = (w - n1) // (NHT * KH)
+                t = (w - n1) % (NHT * KH) // KH
+                kh = (w - n1) % KH
+                kq = kh * (I_R // KH)
                 ej = tl.load(ecta + j)
                 le = ej.to(tl.int64)
                 if MODE == 1:
@@ -969,13 +973,13 @@ def ffn_kernel(
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
                 yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                for k0 in tl.range(0, I_R, 128, num_stages=NS):
-                    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + k0 + ki[:, None],
+                for k0 in tl.range(0, I_R // KH, 128, num_stages=NS):
+                    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
                                 mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                    wq = tl.load(wbase + k0 + ki[None, :])
-                    yt = _mma_sc(wq, tl.load(sbase + k0 // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-                tl.store(ypart + (j * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yt * (1.0 / SHIFT),
-                         mask=rmask[None, :])
+                    wq = tl.load(wbase + kq + k0 + ki[None, :])
+                    yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                tl.store(ypart + ((j * KH + kh) * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
+                         yt * (1.0 / SHIFT), mask=rmask[None, :])
                 tl.debug_barrier()
                 tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
                 if TIMELINE:
@@ -992,7 +996,7 @@ def ffn_kernel(
         if MODE != 2:
             if pid < NCH:
                 # this chunk's MoE partial: the experts' parts summed in slot order (deterministic)
-                n_act = tl.load(meta + pid)
+                n_act = tl.load(meta + pid) * KH  # partials: (slot, part of I_R) in that order
                 t_lo = (pid * CH) // BH
                 t_hi = (pid * CH + CH - 1) // BH  # a chunk spans at most two H tiles (CH <= BH)
                 if NCH * CH > H:  # the last chunk ends past H (a grid that does not divide it)
@@ -1205,10 +1209,14 @@ def geometry(key) -> dict:
     # call: 2.5-3.1 us faster at 1-2 tokens, 0.7-1.2 at 4-16). SOLO: TP1 without its exchanges
     # (the identity with no peer), v22 (dev round 49: 2.0 / 1.6 / 2.3 / 3.6 us faster at 1 / 2 /
     # 4 / 16 tokens); TP2 builds are unchanged
+    # KH: stage-2 items in KH parts of I_R (whole 128-wide scale blocks), each its own partial
+    kh = tune.get("KH", 1)
+    if i_r and (i_r // 128) % kh:
+        raise ValueError(f"FFNQ_TRITON_TUNE KH={kh}: must divide the {i_r // 128} K blocks of I_R")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
-                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr)
+                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh)
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -1236,7 +1244,7 @@ def scratch_extra(key) -> list:
            ("rpart", torch.float32, (S, g["RP"], g["EP2"]))]
     if g["NSLOT"]:
         out.append(("act", torch.float16, (g["NSLOT"], 16, g["I_R"])))
-        out.append(("ypart", torch.float32, (g["NSLOT"], S, H)))
+        out.append(("ypart", torch.float32, (g["NSLOT"] * g["KH"], S, H)))
         if g["KS"] > 1:
             out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
     return out
