@@ -1209,7 +1209,10 @@ def geometry(key) -> dict:
     # call: 2.5-3.1 us faster at 1-2 tokens, 0.7-1.2 at 4-16). SOLO: TP1 without its exchanges
     # (the identity with no peer), v22 (dev round 49: 2.0 / 1.6 / 2.3 / 3.6 us faster at 1 / 2 /
     # 4 / 16 tokens); TP2 builds are unchanged
-    # KH: stage-2 items in KH parts of I_R (whole 128-wide scale blocks), each its own partial
+    # KH: stage-2 items in KH parts of I_R (whole 128-wide scale blocks), each its own partial.
+    # Measured, not adopted (dev round 52, TP1, KH=2: 53.8 / 85.1 / 141.6 against 47.8 / 79.9 /
+    # 137.3 us at 1 / 2 / 4 tokens): an item took half the time (4.9 against 8.5 us at one token)
+    # but stage 2 after stage 1's end grew from 9.5 to 14.3 us, and the sum read twice the parts
     kh = tune.get("KH", 1)
     if i_r and (i_r // 128) % kh:
         raise ValueError(f"FFNQ_TRITON_TUNE KH={kh}: must divide the {i_r // 128} K blocks of I_R")
