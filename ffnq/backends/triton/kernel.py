@@ -658,6 +658,8 @@ def ffn_kernel(
 
     if F8 & ((STAGE == 2) | (STAGE == 3) | ((STAGE == 6) & (FR != 0))):  # staged launches: x's range here
         xsig = _xsig(post_norm, H, HP2)
+    if not F8:
+        xsig = 1.0  # (unused: the fp16 pair takes x as it is; _store_x's argument must exist)
 
     # ------------------------------------------------------------------------------ A: seam
     if (STAGE == 0) | (STAGE == 1):
