@@ -27,6 +27,7 @@ import torch
 from ffnq import reference, report
 from ffnq.backends import symm
 from ffnq.backends.triton import TritonRunner
+from ffnq.jobs.rank import step_inputs
 from ffnq.spec import Experts, load_model
 from ffnq.weights import shard, synthetic
 
@@ -69,13 +70,8 @@ class Pair:
 
 
 def inputs(spec, s, seed, dev, pad=True):
-    g = torch.Generator().manual_seed(seed)
-    parts = [torch.randn(s, spec.hidden, generator=g).bfloat16().to(dev) for _ in range(TP)]
-    resid = torch.randn(s, spec.hidden, generator=g).bfloat16().to(dev)
-    slots = torch.arange(s, dtype=torch.int64)
-    if pad and s >= 3:
-        slots[s // 2] = -1
-    return parts, resid, slots.to(dev)
+    """The jobs' inputs (ffnq.jobs.rank.step_inputs): one padding row from 3 tokens."""
+    return step_inputs(spec, TP, 0, s, seed, padding=int(pad and s >= 3), device=dev)
 
 
 def poisoned(parts, resid):

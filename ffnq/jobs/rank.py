@@ -48,21 +48,25 @@ class RankJob:
         return None
 
     def inputs(self, s: int, case: int, step: int = 0, padding: int = 0):  # case, step: ints
-        """Every rank's part, the residual and slots of one check; ``padding`` rows get slot -1
-        (spread over the width, never all of it unless padding >= s)."""
-        g = torch.Generator().manual_seed((self.seed * 1_000_003 + case * 10_007 + step * 101 + s) & 0x7FFF_FFFF)
-        H = self.model.hidden
-        parts = [(torch.randn(s, H, generator=g) / self.tp ** 0.5).bfloat16() for _ in range(self.tp)]
-        residual = torch.randn(s, H, generator=g).bfloat16()
-        slots = torch.randperm(4 * s, generator=g)[:s].to(torch.int64)
-        if padding:
-            slots[torch.randperm(s, generator=g)[: min(padding, s)]] = -1
-        dev = self.device
-        return [p.to(dev) for p in parts], residual.to(dev), slots.to(dev)
+        return step_inputs(self.model, self.tp, self.seed, s, case, step, padding, self.device)
 
     def close(self) -> None:
         self.runners.clear()
         self.peers.close()
+
+
+def step_inputs(model: ModelSpec, tp: int, seed: int, s: int, case: int, step: int = 0, padding: int = 0,
+                device: torch.device | str = "cpu"):
+    """Every rank's part, the residual and slots of one check; ``padding`` rows get slot -1
+    (spread over the width, never all of it unless padding >= s)."""
+    g = torch.Generator().manual_seed((seed * 1_000_003 + case * 10_007 + step * 101 + s) & 0x7FFF_FFFF)
+    H = model.hidden
+    parts = [(torch.randn(s, H, generator=g) / tp ** 0.5).bfloat16() for _ in range(tp)]
+    residual = torch.randn(s, H, generator=g).bfloat16()
+    slots = torch.randperm(4 * s, generator=g)[:s].to(torch.int64)
+    if padding:
+        slots[torch.randperm(s, generator=g)[: min(padding, s)]] = -1
+    return [p.to(device) for p in parts], residual.to(device), slots.to(device)
 
 
 def setup(backend: str, model: str | ModelSpec, experts: str | Experts = "all", timeout: float = 1.0,

@@ -274,7 +274,7 @@ def _fr_loads(part, residual, post_norm, router, rows_r, rmask_r, ecol, emask, H
     fo = rows_r[:, None] * H + hh[None, :]
     fm = rmask_r[:, None] & hm[None, :]
     return (tl.load(residual + fo, mask=fm, other=0.0), tl.load(part + fo, mask=fm, other=0.0),
-            tl.load(post_norm + hh, mask=hm, other=0.0),
+            _post_norm_all(post_norm, H, HP2),
             tl.load(router + ecol[:, None].to(tl.int64) * H + hh[None, :], mask=emask[:, None] & hm[None, :],
                     other=0.0))
 
@@ -652,9 +652,8 @@ def ffn_kernel(
     rmask_r = rows_r < S
     ecols = tl.arange(0, EP2)
     evalid = ecols < E
-    if FR:  # this CTA's experts, whose logits it makes (FR: in phase A)
-        ecol = pid * EPC + tl.arange(0, EPCP2)
-        emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
+    ecol = pid * EPC + tl.arange(0, EPCP2)  # this CTA's experts, whose logits it makes (rows <= 4, FR)
+    emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
 
     if F8 & ((STAGE == 2) | (STAGE == 3) | ((STAGE == 6) & (FR != 0))):  # staged launches: x's range here
         xsig = _xsig(post_norm, H, HP2)
@@ -820,8 +819,6 @@ def ffn_kernel(
             ssq_r = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows_r[None, :],
                             mask=(chs < NCH)[:, None], other=0.0)
             rstd_r = 1.0 / tl.sqrt_rn(tl.sum(ssq_r, axis=0) / H + EPS)  # [RT]
-            ecol = pid * EPC + tl.arange(0, EPCP2)
-            emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
             pls = tl.load(_as(scratch, SC_PLOG, tl.float32) + (chs[:, None, None] * S + rows_r[None, :, None]) * EP2
                           + ecol[None, None, :],
                           mask=(chs < NCH)[:, None, None] & rmask_r[None, :, None] & emask[None, None, :], other=0.0)
