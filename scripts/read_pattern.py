@@ -3,18 +3,18 @@
     python scripts/read_pattern.py [--reps 20]
 
 Times, in one process, loops shaped like the kernel's expert stages over expert weights several
-times the L2 (each launch reads every byte once, from HBM), and prints GB/s of bytes read:
-  floor       ffnq.floor's read kernel: contiguous 16-byte loads, grid-strided
-  s1 row      stage 1 as built: per K step a [64 gate rows x BK] and a [64 up rows x BK] fp8 tile of
-              the row-major [2 I, H] weights (rows H bytes apart), fp8 x fp8 MMA against a [BK, 16]
-              x tile, each K block's product times its scale
-  s1 pack     the same tiles stored tile after tile (each [64 x BK] tile 8 KB contiguous)
-  s2 row      stage 2 as built: [64 rows of H x 128] fp8 tiles of the row-major [H, I] weights,
-              codes -> fp16, fp16 MMA against a [128, 16] fp16 act tile
-  s2 pack     the same tiles stored tile after tile
+times the L2 (each launch reads every byte once, from HBM), and prints TB/s of bytes read, beside
+the floor's read kernel (ffnq.floor: contiguous 16-byte loads, grid-strided):
+  s1   stage 1: per K step BK columns of a [64 gate rows] and a [64 up rows] fp8 tile of the
+       row-major [2 I, H] weights (rows H bytes apart), as BK / SUB sub-tiles, each an fp8 x fp8
+       MMA against a [SUB, N] x tile times its own scale (SUB = 128: one scale block, the
+       kernel's numerics; N: 16 at 1-4 tokens, 64 at 16)
+  s2   stage 2: [64 rows of H] tiles of the row-major [H, I] weights, codes -> fp16, fp16 MMA
+       against a [SUB, 16] fp16 act tile
+  row / pack   the weights row-major as stored, or each [64 x SUB] tile stored contiguously
 The grid is the kernel's (2 CTAs of 4 warps per SM), items handed out grid-strided as the kernel
-does. Checks each variant's sums against torch first (a loop that reads the wrong bytes is not
-timed).
+does. Each variant's sums are checked against torch first (a loop that reads the wrong bytes is
+not timed). Device round 37 (v23's layout, BK = SUB = 128 against 256): see notes/triton-kernel.md.
 """
 import argparse
 import statistics
@@ -29,46 +29,46 @@ from ffnq.timing import steps_for, time_steps
 
 @triton.jit
 def stage_loop(w, s, x, out, n_items, NT: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, PACK: tl.constexpr, GU: tl.constexpr, CONV: tl.constexpr, NS: tl.constexpr):
+               BK: tl.constexpr, SUB: tl.constexpr, N: tl.constexpr, PACK: tl.constexpr, GU: tl.constexpr,
+               CONV: tl.constexpr, NS: tl.constexpr):
+    # a K step loads BK columns of each tile as BK / SUB sub-tiles, each its own MMA times its
+    # own scale (SUB = 128: one scale block, as the kernel's numerics need)
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     nn = tl.arange(0, BN)
-    kc = tl.arange(0, BK)
-    cc = tl.arange(0, 16)
-    tot = tl.zeros((BN, 16), tl.float32)
+    kc = tl.arange(0, SUB)
+    cc = tl.arange(0, N)
+    tot = tl.zeros((BN, N), tl.float32)
     it = pid
     while it < n_items:
         e = it // NT
         t = it % NT
         base = w + e.to(tl.int64) * (ROWS * K)
-        sb = s + e * (ROWS // BN) * (K // BK)
-        acc_g = tl.zeros((BN, 16), tl.float32)
-        acc_u = tl.zeros((BN, 16), tl.float32)
+        sb = s + e * (ROWS // BN) * (K // SUB)
+        acc_g = tl.zeros((BN, N), tl.float32)
+        acc_u = tl.zeros((BN, N), tl.float32)
         for k0 in tl.range(0, K, BK, num_stages=NS):
-            if PACK:  # tile (row block rb, K block kb) is the (rb * K/BK + kb)-th BN x BK block
-                og = ((t * (K // BK) + k0 // BK) * (BN * BK)).to(tl.int64) + nn[:, None] * BK + kc[None, :]
-                ou = og + (ROWS // 2) * K
-            else:
-                og = (t * BN + nn)[:, None].to(tl.int64) * K + k0 + kc[None, :]
-                ou = og + (ROWS // 2) * K
-            xk = tl.load(x + (k0 + kc)[:, None] * 16 + cc[None, :])
-            sg = tl.load(sb + t * (K // BK) + k0 // BK)
-            wg = tl.load(base + og)
-            if CONV:
-                wg = wg.to(tl.float16)
-            acc_g += tl.dot(wg, xk) * sg
-            if GU:
-                su = tl.load(sb + (t + ROWS // 2 // BN) * (K // BK) + k0 // BK)
-                wu = tl.load(base + ou)
-                acc_u += tl.dot(wu, xk) * su
+            for q in tl.static_range(BK // SUB):
+                kq = k0 + q * SUB
+                if PACK:  # tile (row block rb, K block kb) is the (rb * K/SUB + kb)-th BN x SUB block
+                    og = ((t * (K // SUB) + kq // SUB) * (BN * SUB)).to(tl.int64) + nn[:, None] * SUB + kc[None, :]
+                else:
+                    og = (t * BN + nn)[:, None].to(tl.int64) * K + kq + kc[None, :]
+                xk = tl.load(x + (kq + kc)[:, None] * N + cc[None, :])
+                wg = tl.load(base + og)
+                if CONV:
+                    wg = wg.to(tl.float16)
+                acc_g += tl.dot(wg, xk) * tl.load(sb + t * (K // SUB) + kq // SUB)
+                if GU:
+                    wu = tl.load(base + og + (ROWS // 2) * K)
+                    acc_u += tl.dot(wu, xk) * tl.load(sb + (t + ROWS // 2 // BN) * (K // SUB) + kq // SUB)
         tot += acc_g + acc_u
         it += nprog
-    tl.store(out + pid * (BN * 16) + nn[:, None] * 16 + cc[None, :], tot)
+    tl.store(out + pid * (BN * N) + nn[:, None] * N + cc[None, :], tot)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--ns", type=int, default=4)
     a = ap.parse_args()
     dev = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -78,37 +78,41 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name(dev)}: {sms} SMs, grid {grid}", flush=True)
     print(f"floor read kernel: {floor.hbm_read_gbps(dev) / 1e3:.3f} TB/s", flush=True)
     f8 = torch.float8_e4m3fn
-    # (name, rows per expert, K, tile rows, BK, gate+up, fp16 conversion, pipeline stages)
-    cases = [("s1", 2 * I, H, 64, 128, True, False, a.ns), ("s1", 2 * I, H, 64, 128, True, False, 6),
-             ("s1", 2 * I, H, 64, 256, True, False, 3), ("s2", H, I, 64, 128, False, True, a.ns)]
-    for name, rows, K, BN, BK, gu, conv, ns in cases:
+    # (name, rows per expert, K, BK, SUB, token columns N, gate+up, fp16 conversion, pipeline stages)
+    s1, s2 = (2 * I, H, True, False), (H, I, False, True)
+    cases = [("s1", 128, 128, 16, 4, s1), ("s1", 256, 256, 16, 3, s1), ("s1", 256, 128, 16, 3, s1),
+             ("s1", 256, 128, 16, 2, s1), ("s1", 128, 128, 64, 4, s1), ("s1", 256, 128, 64, 2, s1),
+             ("s2", 128, 128, 16, 4, s2), ("s2", 256, 128, 16, 3, s2)]
+    BN = 64
+    for name, BK, SUB, N, ns, (rows, K, gu, conv) in cases:
         nt = rows // BN // (2 if gu else 1)  # items per expert
         per_e = rows * K
         n_e = -(-(4 * 50 << 20) // per_e)  # several L2s of weights
         n_e = -(-n_e * nt // grid) * grid // nt if (n_e * nt) % grid else n_e  # whole rounds where it can
         wrow = (torch.randn(n_e, rows, K, device=dev) * 0.5).to(f8)
-        # packed: [e, row block, K block, BN, BK]
-        wpack = wrow.view(n_e, rows // BN, BN, K // BK, BK).permute(0, 1, 3, 2, 4).contiguous()
-        sc = torch.rand(n_e, rows // BN, K // BK, device=dev) + 0.5
-        xt = (torch.randn(K, 16, device=dev)).to(torch.float16 if conv else f8)
+        # packed: [e, row block, K block, BN, SUB]
+        wpack = wrow.view(n_e, rows // BN, BN, K // SUB, SUB).permute(0, 1, 3, 2, 4).contiguous()
+        sc = torch.rand(n_e, rows // BN, K // SUB, device=dev) + 0.5
+        xt = (torch.randn(K, N, device=dev)).to(torch.float16 if conv else f8)
         n_items = n_e * nt
-        out = torch.empty(grid, BN, 16, device=dev)
-        # every CTA's tiles summed: the sum over all experts and tiles of (w tile * scale) @ x
-        wf = wrow.float().view(n_e, rows // BN, BN, K // BK, BK) * sc[:, :, None, :, None]
-        want = torch.einsum("erbkc,kcn->bn", wf, xt.float().view(K // BK, BK, 16))
-        for pack in (False, True):
+        out = torch.empty(grid, BN, N, device=dev)
+        # every CTA's tiles summed: the sum over all experts and tiles of (w sub-tile * scale) @ x
+        wf = wrow.float().view(n_e, rows // BN, BN, K // SUB, SUB) * sc[:, :, None, :, None]
+        want = torch.einsum("erbkc,kcn->bn", wf, xt.float().view(K // SUB, SUB, N))
+        for pack in (False, True) if (name, BK, N) == ("s1", 256, 16) and SUB == 128 and ns == 3 else (False,):
             buf = wpack if pack else wrow
-            args = dict(NT=nt, K=K, ROWS=rows, BN=BN, BK=BK, PACK=pack, GU=gu, CONV=conv, NS=ns)
+            args = dict(NT=nt, K=K, ROWS=rows, BN=BN, BK=BK, SUB=SUB, N=N, PACK=pack, GU=gu, CONV=conv, NS=ns)
 
             def run():
-                stage_loop[(grid,)](buf, sc, xt, out, n_items, **args, num_warps=4)
+                return stage_loop[(grid,)](buf, sc, xt, out, n_items, **args, num_warps=4)
 
             out.fill_(float("nan"))
-            run()
+            ck = run()
             torch.cuda.synchronize()
             got = out.sum(0)
             err = ((got - want).abs().max() / want.abs().max()).item()
-            label = f"{name} {'pack' if pack else 'row '} BK={BK} NS={ns}"
+            label = (f"{name} {'pack' if pack else 'row '} BK={BK} SUB={SUB} N={N} NS={ns} "
+                     f"({ck.n_regs} regs, {ck.metadata.shared // 1024} KB smem)")
             if not err < 1e-2:
                 print(f"{label}: WRONG (rel err {err:.3g}), not timed", flush=True)
                 continue
@@ -117,7 +121,7 @@ def main() -> None:
                 run()
             us = statistics.median(time_steps(run, a.reps, device=dev, graph=True))
             nbytes = buf.numel()
-            print(f"{label}: {n_items} items of {nbytes // n_items // 1024} KB over {grid} CTAs, "
+            print(f"{label}: {n_items} items of {nbytes // n_items // 1024} KB, "
                   f"{nbytes / 2**20:.0f} MB in {us:.1f} us = {nbytes / us / 1e6:.3f} TB/s (rel err {err:.1e})",
                   flush=True)
         del wrow, wpack, wf
