@@ -1,6 +1,6 @@
 """Does the weights' layout cap the expert phase's read rate? (run on a GPU machine.)
 
-    python scripts/read_pattern.py [--reps 20]
+    python scripts/read_pattern.py [--reps 20] [--pack]
 
 Times, in one process, loops shaped like the kernel's expert stages over expert weights several
 times the L2 (each launch reads every byte once, from HBM), and prints TB/s of bytes read, beside
@@ -9,12 +9,13 @@ the floor's read kernel (ffnq.floor: contiguous 16-byte loads, grid-strided):
        row-major [2 I, H] weights (rows H bytes apart), as BK / SUB sub-tiles, each an fp8 x fp8
        MMA against a [SUB, N] x tile times its own scale (SUB = 128: one scale block, the
        kernel's numerics; N: 16 at 1-4 tokens, 64 at 16)
-  s2   stage 2: [64 rows of H] tiles of the row-major [H, I] weights, codes -> fp16, fp16 MMA
-       against a [SUB, 16] fp16 act tile
+  s2   stage 2: [BN rows of H] tiles of the row-major [H, I] weights, codes -> fp16, fp16 MMA
+       against a [SUB, 16] fp16 act tile (as built); s2 fp8: the act as four fp8 terms (N = 4 x
+       token columns) against the fp8 codes, no conversion (what stage 1 does with x)
   row / pack   the weights row-major as stored, or each [64 x SUB] tile stored contiguously
 The grid is the kernel's (2 CTAs of 4 warps per SM), items handed out grid-strided as the kernel
 does. Each variant's sums are checked against torch first (a loop that reads the wrong bytes is
-not timed). Device round 37 (v23's layout, BK = SUB = 128 against 256): see notes/triton-kernel.md.
+not timed). Device rounds 37-39: see notes/triton-kernel.md, "Version 24".
 """
 import argparse
 import statistics
@@ -69,6 +70,7 @@ def stage_loop(w, s, x, out, n_items, NT: tl.constexpr, K: tl.constexpr, ROWS: t
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--pack", action="store_true", help="also time the tile-packed layout")
     a = ap.parse_args()
     dev = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -78,13 +80,14 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name(dev)}: {sms} SMs, grid {grid}", flush=True)
     print(f"floor read kernel: {floor.hbm_read_gbps(dev) / 1e3:.3f} TB/s", flush=True)
     f8 = torch.float8_e4m3fn
-    # (name, rows per expert, K, BK, SUB, token columns N, gate+up, fp16 conversion, pipeline stages)
-    s1, s2 = (2 * I, H, True, False), (H, I, False, True)
-    cases = [("s1", 128, 128, 16, 4, s1), ("s1", 256, 256, 16, 3, s1), ("s1", 256, 128, 16, 3, s1),
-             ("s1", 256, 128, 16, 2, s1), ("s1", 128, 128, 64, 4, s1), ("s1", 256, 128, 64, 2, s1),
-             ("s2", 128, 128, 16, 4, s2), ("s2", 256, 128, 16, 3, s2)]
-    BN = 64
-    for name, BK, SUB, N, ns, (rows, K, gu, conv) in cases:
+    # (name, tile rows BN, BK, SUB, token columns N, pipeline stages, (rows per expert, K, gate+up,
+    # weights -> fp16 against fp16 x)); s2 fp8: the act as fp8 terms (4 x tokens columns), no conversion
+    s1, s2, s2f8 = (2 * I, H, True, False), (H, I, False, True), (H, I, False, False)
+    cases = [("s1", 64, 128, 128, 16, 4, s1), ("s1", 64, 128, 128, 64, 4, s1),
+             ("s2", 64, 128, 128, 16, 4, s2), ("s2", 128, 128, 128, 16, 4, s2),
+             ("s2 fp8", 64, 128, 128, 16, 4, s2f8), ("s2 fp8", 128, 128, 128, 16, 4, s2f8),
+             ("s2 fp8", 128, 128, 128, 64, 4, s2f8)]
+    for name, BN, BK, SUB, N, ns, (rows, K, gu, conv) in cases:
         nt = rows // BN // (2 if gu else 1)  # items per expert
         per_e = rows * K
         n_e = -(-(4 * 50 << 20) // per_e)  # several L2s of weights
@@ -99,7 +102,7 @@ def main() -> None:
         # every CTA's tiles summed: the sum over all experts and tiles of (w sub-tile * scale) @ x
         wf = wrow.float().view(n_e, rows // BN, BN, K // SUB, SUB) * sc[:, :, None, :, None]
         want = torch.einsum("erbkc,kcn->bn", wf, xt.float().t().reshape(K // SUB, SUB, N))
-        for pack in (False, True):
+        for pack in (False, True) if a.pack else (False,):
             buf = wpack if pack else wrow
             args = dict(NT=nt, K=K, ROWS=rows, BN=BN, BK=BK, SUB=SUB, N=N, PACK=pack, GU=gu, CONV=conv, NS=ns)
 
