@@ -86,7 +86,10 @@ def main() -> None:
     cases = [("s1", 64, 128, 128, 16, 4, s1), ("s1", 64, 128, 128, 64, 4, s1),
              ("s2", 64, 128, 128, 16, 4, s2), ("s2", 128, 128, 128, 16, 4, s2),
              ("s2 fp8", 64, 128, 128, 16, 4, s2f8), ("s2 fp8", 128, 128, 128, 16, 4, s2f8),
-             ("s2 fp8", 128, 128, 128, 64, 4, s2f8)]
+             ("s2 fp8", 128, 128, 128, 64, 4, s2f8),
+             # the act's scale per 64-row stage-1 tile: a K step of 128 as two MMAs, each its own scale
+             ("s2 fp8", 64, 128, 64, 16, 4, s2f8), ("s2 fp8", 128, 128, 64, 16, 4, s2f8),
+             ("s2 fp8", 128, 128, 64, 32, 4, s2f8), ("s2 fp8", 128, 128, 64, 64, 4, s2f8)]
     for name, BN, BK, SUB, N, ns, (rows, K, gu, conv) in cases:
         nt = rows // BN // (2 if gu else 1)  # items per expert
         per_e = rows * K
@@ -114,7 +117,7 @@ def main() -> None:
             torch.cuda.synchronize()
             got = out.sum(0)
             err = ((got - want).abs().max() / want.abs().max()).item()
-            label = (f"{name} {'pack' if pack else 'row '} BK={BK} SUB={SUB} N={N} NS={ns} "
+            label = (f"{name} {'pack' if pack else 'row '} BN={BN} BK={BK} SUB={SUB} N={N} NS={ns} "
                      f"({ck.n_regs} regs, {ck.metadata.shared // 1024} KB smem)")
             if not err < 1e-2:
                 print(f"{label}: WRONG (rel err {err:.3g}), not timed", flush=True)
