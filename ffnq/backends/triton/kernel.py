@@ -608,7 +608,8 @@ def ffn_kernel(
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
-    PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr,
+    PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
+    SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -930,7 +931,20 @@ def ffn_kernel(
                 if last:
                     wt = tl.load(wtab + ej * SP + rq, mask=rq < S, other=0.0)  # [SQ]
                     a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
-                    tl.store(act + (j * SP + rq[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
+                    if A8:
+                        # four fp8 terms of a / (the tile's max / 256), as x's (_store_x): stage 2 then
+                        # multiplies them with the fp8 w2 codes as stored, the tile's scale on each
+                        # product (one number per K step and tile, not per token)
+                        amax = tl.maximum(tl.max(tl.max(tl.abs(a), axis=1), axis=0), 1e-30)
+                        ar = a * (256.0 / amax)
+                        a8 = _as(scratch, SC_ACT8, tl.float8e4nv) + r1[:, None]
+                        for q in tl.static_range(4):
+                            aq = _fp8(ar, INTERP)
+                            tl.store(a8 + ((j * 4 + q) * SP + rq[None, :]).to(tl.int64) * I_R, aq)
+                            ar = (ar - aq.to(tl.float32)) * 16.0
+                        tl.store(_as(scratch, SC_ASC, tl.float32) + j * NT + t, amax * (1.0 / 256.0))
+                    else:
+                        tl.store(act + (j * SP + rq[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
                     tl.debug_barrier()
                     tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
                 w += BLOCKS
@@ -949,6 +963,13 @@ def ffn_kernel(
             ypart = _as(scratch, SC_YPART, tl.float32)
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
+            if A8:
+                # SQ2 token columns per term (4 x SQ2 >= 16, tl.dot's least N): the tokens' own
+                # count, not stage 1's SQ (16 below 7 tokens)
+                rq2 = tl.arange(0, SQ2)
+                kn = tl.arange(0, BN)
+                c8 = tl.arange(0, 4 * SQ2)
+                tw8 = tl.exp2((c8 // SQ2) * -4.0)  # term t counts 16^-t
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
             w = pid
             if w < n1:
@@ -968,17 +989,36 @@ def ffn_kernel(
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
                 _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
+                if A8:
+                    a8 = (_as(scratch, SC_ACT8, tl.float8e4nv)
+                          + ((j * 4 + c8 // SQ2) * SP + c8 % SQ2)[None, :].to(tl.int64) * I_R + kn[:, None])
+                    asc = _as(scratch, SC_ASC, tl.float32) + j * NT
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
-                yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                for k0 in tl.range(0, I_R // KH, 128, num_stages=NS):
-                    a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
-                                mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                    wq = tl.load(wbase + kq + k0 + ki[None, :])
-                    yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-                tl.store(ypart + ((j * KH + kh) * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
-                         yt * (1.0 / SHIFT), mask=rmask[None, :])
+                if A8:
+                    # fp8 x fp8 as stage 1: [BH, BN] w2 codes @ [BN, 4 x SQ] act terms per stage-1 tile,
+                    # each product times w2's block scale x the tile's act scale
+                    yt8 = tl.zeros((BH, 4 * SQ2), tl.float32)
+                    for k0 in tl.range(0, I_R // KH, 128, num_stages=NS):
+                        for q in tl.static_range(128 // BN):
+                            kk = kq + k0 + q * BN
+                            av = tl.load(a8 + kk, cache_modifier=".cg")
+                            wq = tl.load(wbase + kk + kn[None, :])
+                            sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
+                            yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
+                    y8 = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, 4, SQ2)), axis=1)  # [BH, SQ2]
+                    tl.store(ypart + ((j * KH + kh) * S + rq2[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
+                             y8, mask=(rq2 < S)[None, :])
+                else:
+                    yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
+                    for k0 in tl.range(0, I_R // KH, 128, num_stages=NS):
+                        a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
+                                    mask=rmask[None, :], other=0.0, cache_modifier=".cg")
+                        wq = tl.load(wbase + kq + k0 + ki[None, :])
+                        yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                    tl.store(ypart + ((j * KH + kh) * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
+                             yt * (1.0 / SHIFT), mask=rmask[None, :])
                 tl.debug_barrier()
                 tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
                 if TIMELINE:
@@ -1215,10 +1255,16 @@ def geometry(key) -> dict:
     kh = tune.get("KH", 1)
     if i_r and (i_r // 128) % kh:
         raise ValueError(f"FFNQ_TRITON_TUNE KH={kh}: must divide the {i_r // 128} K blocks of I_R")
+    # A8: stage 2 fp8 x fp8 as stage 1 (the act as four fp8 terms over a scale per stage-1 tile,
+    # written by that tile's maker): no fp8 -> fp16 conversion of w2 in the loop. Alone on one
+    # H200 (scripts/read_pattern.py, device round 40) such a loop read 3.92 / 4.10 TB/s at 64 /
+    # 128 rows against the fp16 loop's 3.30 / 3.01. NVIDIA fp8 path only (F8)
+    a8 = bool(tune.get("A8", 0)) and f8 and i_r > 0 and 128 % bn == 0
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
-                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh)
+                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
+                 SQ2=min(16, max(_p2(key.tokens), 4)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
     seg = -(-nsync // blocks)
@@ -1245,7 +1291,11 @@ def scratch_extra(key) -> list:
            ("sel", torch.int32, (S, g["EP2"])), ("rowcnt", torch.int32, (16,)),
            ("rpart", torch.float32, (S, g["RP"], g["EP2"]))]
     if g["NSLOT"]:
+        # act: fp16 (CDNA keeps it where a tune asks for A8: constexprs turns A8 off there)
         out.append(("act", torch.float16, (g["NSLOT"], 16, g["I_R"])))
+        if g["A8"]:  # four fp8 terms x 16 token rows per slot, a scale per stage-1 tile
+            out.append(("act8", torch.uint8, (g["NSLOT"], 4, 16, g["I_R"])))
+            out.append(("ascale", torch.float32, (g["NSLOT"], g["I_R"] // g["BN"])))
         out.append(("ypart", torch.float32, (g["NSLOT"] * g["KH"], S, H)))
         if g["KS"] > 1:
             out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
@@ -1262,14 +1312,14 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_META": "meta",
           "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
           "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
-          "SC_RPART": "rpart"}
+          "SC_RPART": "rpart", "SC_ACT8": "act8", "SC_ASC": "ascale"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
         g["NS"] = NUM_STAGES_HIP
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
-        g["F8"] = False
+        g["F8"] = g["A8"] = False
         g["SQ"] = max(g["SQ"], 8)  # two fp16 x terms: N = 2 x SQ >= 16
     if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
