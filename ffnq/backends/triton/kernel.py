@@ -1000,8 +1000,10 @@ def ffn_kernel(
                     # fp8 x fp8 as stage 1: [BH, BN] w2 codes @ [BN, 4 x SQ] act terms per stage-1 tile,
                     # each product times w2's block scale x the tile's act scale
                     yt8 = tl.zeros((BH, 4 * SQ2), tl.float32)
-                    for k0 in tl.range(0, I_R // KH, 128, num_stages=NS):
-                        for q in tl.static_range(128 // BN):
+                    # A8 = 2: steps of 128 (two stage-1 tiles, an MMA each); A8 = 1: steps of one tile
+                    A8K: tl.constexpr = 128 if A8 == 2 else BN
+                    for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS):
+                        for q in tl.static_range(A8K // BN):
                             kk = kq + k0 + q * BN
                             av = tl.load(a8 + kk, cache_modifier=".cg")
                             wq = tl.load(wbase + kk + kn[None, :])
@@ -1259,7 +1261,7 @@ def geometry(key) -> dict:
     # written by that tile's maker): no fp8 -> fp16 conversion of w2 in the loop. Alone on one
     # H200 (scripts/read_pattern.py, device round 40) such a loop read 3.92 / 4.10 TB/s at 64 /
     # 128 rows against the fp16 loop's 3.30 / 3.01. NVIDIA fp8 path only (F8)
-    a8 = bool(tune.get("A8", 0)) and f8 and i_r > 0 and 128 % bn == 0
+    a8 = tune.get("A8", 0) if f8 and i_r > 0 and 128 % bn == 0 else 0
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
@@ -1319,7 +1321,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
-        g["F8"] = g["A8"] = False
+        g["F8"], g["A8"] = False, 0
         g["SQ"] = max(g["SQ"], 8)  # two fp16 x terms: N = 2 x SQ >= 16
     if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
