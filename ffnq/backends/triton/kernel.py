@@ -1260,8 +1260,13 @@ def geometry(key) -> dict:
     # A8: stage 2 fp8 x fp8 as stage 1 (the act as four fp8 terms over a scale per stage-1 tile,
     # written by that tile's maker): no fp8 -> fp16 conversion of w2 in the loop. Alone on one
     # H200 (scripts/read_pattern.py, device round 40) such a loop read 3.92 / 4.10 TB/s at 64 /
-    # 128 rows against the fp16 loop's 3.30 / 3.01. NVIDIA fp8 path only (F8)
-    a8 = tune.get("A8", 0) if f8 and i_r > 0 and 128 % bn == 0 else 0
+    # 128 rows against the fp16 loop's 3.30 / 3.01. v24: A8=2 (steps of 128, an MMA per stage-1
+    # tile) up to 8 tokens, TP1 side by side (dev rounds 53-54): 1 / 2 / 4 / 8 tokens 47.5 / 76.6 /
+    # 123.8 / 180.6 against 47.7 / 79.9 / 136.9 / 191.5 us, and 47.9 / 77.4 / 126.6 / 201.5 against
+    # 48.2 / 80.3 / 139.4 / 197.7 on a machine slow from 8 tokens; at 12 / 16 266.4 / 328.7 against
+    # 273.6 / 325.2 (round 53 at 16: 308.7 against 311.0, 12 bytes of spills from 9 tokens), so 9-16
+    # keep fp16. A8=1 (steps of one tile, no spills) was slower at 1-4. NVIDIA fp8 path only (F8)
+    a8 = tune.get("A8", 2 if key.tokens <= 8 else 0) if f8 and i_r > 0 and 128 % bn == 0 else 0
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
