@@ -127,6 +127,28 @@ def test_fp8_stage_one_on_nvidia_only(monkeypatch):
     assert lay["x"].nbytes == 2 * 2 * 4 * spec.hidden
 
 
+def test_fp8_stage_two_up_to_eight_tokens_on_nvidia(monkeypatch):
+    """v24 (A8): up to 8 tokens stage 2 multiplies fp8 act terms with the fp8 w2 codes (steps of
+    128, an MMA per stage-1 tile), the act as four fp8 terms x 16 token rows per slot and a scale
+    per stage-1 tile in scratch; 9-16 tokens, CDNA and the fp16 x path (F8=0) keep the fp16 act."""
+    from ffnq.backends.triton import kernel as K
+    from ffnq.spec import scratch_layout
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+    spec = load_model("minimax-m2")
+    keys = {s: offline.build_key(spec, tp, Experts.ALL, s) for tp, s in ((1, 1), (2, 8), (2, 9))}
+    assert [K.geometry(k)["A8"] for k in keys.values()] == [2, 2, 0]
+    assert [K.geometry(k)["SQ2"] for k in keys.values()] == [4, 8, 16]
+    assert offline.constexprs_for(keys[1], False)["A8"] == 2 and offline.constexprs_for(keys[1], True)["A8"] == 0
+    g = K.geometry(keys[8])
+    lay = scratch_layout(keys[8], K.scratch_extra(keys[8]))
+    assert lay["act8"].nbytes == g["NSLOT"] * 4 * 16 * g["I_R"]
+    assert lay["ascale"].nbytes == 4 * g["NSLOT"] * g["I_R"] // g["BN"]
+    assert "act" in lay  # CDNA's fp16 act, where a build keeps A8 but the target turns it off
+    assert "act8" not in scratch_layout(keys[9], K.scratch_extra(keys[9]))
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "F8=0")
+    assert K.geometry(keys[1])["A8"] == 0
+
+
 def test_launch_and_sync_choices(monkeypatch):
     """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
     with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;
@@ -290,14 +312,16 @@ def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=1", "A8=1,KH=2"])
+@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
     4 CTAs per row in the per-row pick (RPG=4: most CTAs sit the pick out), with the seam's
     partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), with the exchanges
-    that TP1 skips by default (SOLO=0: they are the identity there, v22), and with each stage-2
-    item in two parts of I_R, summed in phase E (KH=2)."""
+    that TP1 skips by default (SOLO=0: they are the identity there, v22), with each stage-2
+    item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
+    default is fp8 act terms up to 8 tokens, v24) and on fp8 terms in steps of one stage-1 tile
+    (A8=1)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
