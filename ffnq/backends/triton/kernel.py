@@ -997,7 +997,7 @@ def ffn_kernel(
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
                 if A8:
-                    # fp8 x fp8 as stage 1: [BH, BN] w2 codes @ [BN, 4 x SQ] act terms per stage-1 tile,
+                    # fp8 x fp8 as stage 1: [BH, BN] w2 codes @ [BN, 4 x SQ2] act terms per stage-1 tile,
                     # each product times w2's block scale x the tile's act scale
                     yt8 = tl.zeros((BH, 4 * SQ2), tl.float32)
                     # A8 = 2: steps of 128 (two stage-1 tiles, an MMA each); A8 = 1: steps of one tile
@@ -1264,7 +1264,7 @@ def geometry(key) -> dict:
     # tile) up to 8 tokens, TP1 side by side (dev rounds 53-54): 1 / 2 / 4 / 8 tokens 47.5 / 76.6 /
     # 123.8 / 180.6 against 47.7 / 79.9 / 136.9 / 191.5 us, and 47.9 / 77.4 / 126.6 / 201.5 against
     # 48.2 / 80.3 / 139.4 / 197.7 on a machine slow from 8 tokens; at 12 / 16 266.4 / 328.7 against
-    # 273.6 / 325.2 (round 53 at 16: 308.7 against 311.0, 12 bytes of spills from 9 tokens), so 9-16
+    # 273.6 / 325.2 (round 53 at 16: 308.7 against 311.0; 12-52 bytes of spills from 9 tokens), so 9-16
     # keep fp16. A8=1 (steps of one tile, no spills) was slower at 1-4. NVIDIA fp8 path only (F8)
     a8 = tune.get("A8", 2 if key.tokens <= 8 else 0) if f8 and i_r > 0 and 128 % bn == 0 else 0
     extra = dict(CHK=tune.get("CHK", 8),
