@@ -1263,7 +1263,7 @@ def geometry(key) -> dict:
     # 128 rows against the fp16 loop's 3.30 / 3.01. v24: A8=2 (steps of 128, an MMA per stage-1
     # tile) up to 8 tokens, TP1 side by side (dev rounds 53-54): 1 / 2 / 4 / 8 tokens 47.5 / 76.6 /
     # 123.8 / 180.6 against 47.7 / 79.9 / 136.9 / 191.5 us, and 47.9 / 77.4 / 126.6 / 201.5 against
-    # 48.2 / 80.3 / 139.4 / 197.7 on a machine slow from 8 tokens; at 12 / 16 266.4 / 328.7 against
+    # 48.2 / 80.3 / 139.4 / 197.7 in a round noisy from 8 tokens; at 12 / 16 266.4 / 328.7 against
     # 273.6 / 325.2 (round 53 at 16: 308.7 against 311.0; 12-52 bytes of spills from 9 tokens), so 9-16
     # keep fp16. A8=1 (steps of one tile, no spills) was slower at 1-4. NVIDIA fp8 path only (F8)
     a8 = tune.get("A8", 2 if key.tokens <= 8 else 0) if f8 and i_r > 0 and 128 % bn == 0 else 0
