@@ -12,7 +12,7 @@ import statistics
 
 import torch
 
-from ffnq.timing import steps_for, time_steps
+from ffnq.timing import time_steps, warm_median_us
 
 L2_MULTIPLE = 4  # read sets together this many times the L2, so each read comes from HBM
 WARMUP_MS = 200  # of reads before the timed ones: freshly placed buffers first read slower
@@ -57,10 +57,7 @@ def hbm_read_gbps(device: torch.device, mbytes: int = 512, warmup_ms: float = WA
         for b in bufs:
             kernel[(grid,)](b, out, b.numel(), BLOCK=4096, num_warps=8)
 
-    first = time_steps(read_all, 1, device=device, graph=True)[0]
-    for _ in range(steps_for(first, warmup_ms, 1, 10_000)):
-        read_all()
-    us = statistics.median(time_steps(read_all, samples, device=device, graph=True))
+    us = warm_median_us(read_all, samples, warmup_ms=warmup_ms, device=device, graph=True)
     return sets * n / us / 1e3
 
 

@@ -8,6 +8,7 @@ Ranks must agree on the count: the job takes the max estimate over ranks first.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable
 
@@ -54,6 +55,16 @@ def time_steps(fn: Callable[[], object], steps: int, *, barrier: Callable[[], No
             b.record(stream)
         torch.cuda.synchronize(dev)
     return [a.elapsed_time(b) * 1e3 for a, b in ev]
+
+
+def warm_median_us(fn: Callable[[], object], samples: int, *, warmup_ms: float,
+                   device: torch.device | str = "cpu", graph: bool = False) -> float:
+    """The median of ``samples`` samples of ``fn`` (as time_steps) after ``warmup_ms`` of plain
+    calls, sized by one timed sample: for rates that read low on a cold GPU (ffnq.floor)."""
+    first = time_steps(fn, 1, device=device, graph=graph)[0]
+    for _ in range(steps_for(first, warmup_ms, 1, 10_000)):
+        fn()
+    return statistics.median(time_steps(fn, samples, device=device, graph=graph))
 
 
 def quantiles_us(samples: list[float]) -> dict:

@@ -18,14 +18,13 @@ does. Each variant's sums are checked against torch first (a loop that reads the
 not timed). Device rounds 37-39: see notes/triton-kernel.md, "Version 24".
 """
 import argparse
-import statistics
 
 import torch
 import triton
 import triton.language as tl
 
 from ffnq import floor
-from ffnq.timing import steps_for, time_steps
+from ffnq.timing import warm_median_us
 
 
 @triton.jit
@@ -94,10 +93,8 @@ def main() -> None:
         nt = rows // BN // (2 if gu else 1)  # items per expert
         per_e = rows * K
         n_e = -(-(4 * 50 << 20) // per_e)  # several L2s of weights
-        n_e = -(-n_e * nt // grid) * grid // nt if (n_e * nt) % grid else n_e  # whole rounds where it can
+        n_e = -(-n_e * nt // grid) * grid // nt  # whole rounds of the grid where nt divides them
         wrow = (torch.randn(n_e, rows, K, device=dev) * 0.5).to(f8)
-        # packed: [e, row block, K block, BN, SUB]
-        wpack = wrow.view(n_e, rows // BN, BN, K // SUB, SUB).permute(0, 1, 3, 2, 4).contiguous()
         sc = torch.rand(n_e, rows // BN, K // SUB, device=dev) + 0.5
         xt = (torch.randn(N, K, device=dev)).to(torch.float16 if conv else f8)  # [tokens, K]
         n_items = n_e * nt
@@ -106,7 +103,8 @@ def main() -> None:
         wf = wrow.float().view(n_e, rows // BN, BN, K // SUB, SUB) * sc[:, :, None, :, None]
         want = torch.einsum("erbkc,kcn->bn", wf, xt.float().t().reshape(K // SUB, SUB, N))
         for pack in (False, True) if a.pack else (False,):
-            buf = wpack if pack else wrow
+            # packed: [e, row block, K block, BN, SUB]
+            buf = wrow.view(n_e, rows // BN, BN, K // SUB, SUB).permute(0, 1, 3, 2, 4).contiguous() if pack else wrow
             args = dict(NT=nt, K=K, ROWS=rows, BN=BN, BK=BK, SUB=SUB, N=N, PACK=pack, GU=gu, CONV=conv, NS=ns)
 
             def run():
@@ -122,15 +120,12 @@ def main() -> None:
             if not err < 1e-2:
                 print(f"{label}: WRONG (rel err {err:.3g}), not timed", flush=True)
                 continue
-            first = time_steps(run, 1, device=dev, graph=True)[0]
-            for _ in range(steps_for(first, 200, 1, 10_000)):
-                run()
-            us = statistics.median(time_steps(run, a.reps, device=dev, graph=True))
+            us = warm_median_us(run, a.reps, warmup_ms=200, device=dev, graph=True)
             nbytes = buf.numel()
             print(f"{label}: {n_items} items of {nbytes // n_items // 1024} KB, "
                   f"{nbytes / 2**20:.0f} MB in {us:.1f} us = {nbytes / us / 1e6:.3f} TB/s (rel err {err:.1e})",
                   flush=True)
-        del wrow, wpack, wf
+        del wrow, buf, wf
 
 
 if __name__ == "__main__":

@@ -7,8 +7,16 @@ import pandas as pd
 import pytest
 
 from ffnq.jobs import bench, qualify
-from ffnq.timing import quantiles_us, steps_for, time_steps
+from ffnq.timing import quantiles_us, steps_for, time_steps, warm_median_us
 from helpers import ffnq, one_report
+
+
+def test_warm_median_sizes_its_warm_up_from_one_sample():
+    """warm_median_us: one sample to size the warm-up, ``warmup_ms`` of calls, then the median."""
+    calls = []
+    us = warm_median_us(lambda: (calls.append(1), time.sleep(0.002)), 5, warmup_ms=20)
+    assert 1500 < us < 50_000
+    assert 1 + 1 + 5 <= len(calls) <= 1 + 10 + 5  # up to 20 ms of >= 2 ms calls between the samples
 
 
 def test_time_steps_and_budgets():

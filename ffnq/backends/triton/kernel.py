@@ -221,7 +221,8 @@ def _fp8(v, INTERP: tl.constexpr):
     rounding wrong where it carries into the exponent (126.9 -> 64, -124.4 -> -64): there the
     value is rounded to 3 mantissa bits by arithmetic first, so its conversion is exact."""
     if INTERP:
-        e = tl.maximum(tl.floor(tl.log2(tl.maximum(tl.abs(v), 1e-30))), -6.0)  # subnormals share 2^-6's spacing (and 0)
+        # subnormals (and 0) share 2^-6's spacing
+        e = tl.maximum(tl.floor(tl.log2(tl.maximum(tl.abs(v), 1e-30))), -6.0)
         step = tl.exp2(e - 3.0)
         v = tl.minimum(tl.maximum(tl.floor(v / step + 0.5) * step, -448.0), 448.0)
     return v.to(tl.float8e4nv)
