@@ -216,6 +216,17 @@ def _mma_sc(w, scale, x, acc, INTERP: tl.constexpr, IS_HIP: tl.constexpr, SACC: 
 
 
 @triton.jit
+def _mma_unit(w, x, acc, ratio, INTERP: tl.constexpr):
+    """acc x ratio + w @ x, the fp8 codes as stored: the product accumulates in the MMA's own
+    registers (the caller keeps acc in units of the last block's scale: ratio = old unit / new)."""
+    if INTERP:
+        r = acc * ratio + tl.dot(w.to(tl.float32), x.to(tl.float32))
+    else:
+        r = tl.dot(w, x, acc * ratio)
+    return r
+
+
+@triton.jit
 def _fp8(v, INTERP: tl.constexpr):
     """fp32 -> fp8 e4m3, round to nearest, saturating. The interpreter (Triton 3.6) gets the
     rounding wrong where it carries into the exponent (126.9 -> 64, -124.4 -> -64): there the
@@ -610,6 +621,7 @@ def ffn_kernel(
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
+    RS: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
@@ -905,14 +917,29 @@ def ffn_kernel(
                 # terms; fp16: hi, lo), one MMA per weight tile and K step; the terms summed at the end
                 acc_g = tl.zeros((BN, NX * SQ), tl.float32)
                 acc_u = tl.zeros((BN, NX * SQ), tl.float32)
+                # RS: each accumulator kept in units of its last block scale, rescaled before each
+                # MMA, which then accumulates in place (no second fp32 product live; as A8 = 3)
+                ug = tl.full((), 1.0, tl.float32)
+                uu = tl.full((), 1.0, tl.float32)
                 for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
                     xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
-                    acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
-                    acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
+                    if RS:
+                        sg = tl.where(sg > 0.0, sg, ug)
+                        su = tl.where(su > 0.0, su, uu)
+                        acc_g = _mma_unit(wg, xk, acc_g, ug / sg, INTERP)
+                        acc_u = _mma_unit(wu, xk, acc_u, uu / su, INTERP)
+                        ug = sg
+                        uu = su
+                    else:
+                        acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
+                        acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
+                if RS:
+                    acc_g = acc_g * ug
+                    acc_u = acc_u * uu
                 g = tl.sum(tl.reshape(acc_g * tw[None, :], (BN, NX, SQ)), axis=1)
                 u = tl.sum(tl.reshape(acc_u * tw[None, :], (BN, NX, SQ)), axis=1)
                 last = True
@@ -943,6 +970,8 @@ def ffn_kernel(
                             aq = _fp8(ar, INTERP)
                             tl.store(a8 + ((j * 4 + q) * SP + rq[None, :]).to(tl.int64) * I_R, aq)
                             ar = (ar - aq.to(tl.float32)) * 16.0
+                        if A8 == 3:  # an all-zero tile: scale 0, so stage 2 keeps its unit there
+                            amax = tl.where(tl.max(tl.max(tl.abs(a), axis=1), axis=0) > 0.0, amax, 0.0)
                         tl.store(_as(scratch, SC_ASC, tl.float32) + j * NT + t, amax * (1.0 / 256.0))
                     else:
                         tl.store(act + (j * SP + rq[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
@@ -1002,14 +1031,25 @@ def ffn_kernel(
                     # each product times w2's block scale x the tile's act scale
                     yt8 = tl.zeros((BH, 4 * SQ2), tl.float32)
                     # A8 = 2: steps of 128 (two stage-1 tiles, an MMA each); A8 = 1: steps of one tile
-                    A8K: tl.constexpr = 128 if A8 == 2 else BN
+                    A8K: tl.constexpr = 64 if A8 == 1 else 128
+                    # A8 = 3: as 2, the accumulator kept in units of the last product's scale and
+                    # rescaled before each MMA, which then accumulates in place (no second
+                    # [BH, 4 x SQ2] fp32 product live); a zero scale (its codes all zero) keeps the unit
+                    su = tl.full((), 1.0, tl.float32)
                     for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS):
                         for q in tl.static_range(A8K // BN):
                             kk = kq + k0 + q * BN
                             av = tl.load(a8 + kk, cache_modifier=".cg")
                             wq = tl.load(wbase + kk + kn[None, :])
                             sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
-                            yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
+                            if A8 == 3:
+                                sc = tl.where(sc > 0.0, sc, su)
+                                yt8 = _mma_unit(wq, av, yt8, su / sc, INTERP)
+                                su = sc
+                            else:
+                                yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
+                    if A8 == 3:
+                        yt8 = yt8 * su
                     y8 = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, 4, SQ2)), axis=1)  # [BH, SQ2]
                     tl.store(ypart + ((j * KH + kh) * S + rq2[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
                              y8, mask=(rq2 < S)[None, :])
@@ -1272,6 +1312,7 @@ def geometry(key) -> dict:
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
+                 RS=int(f8 and bool(tune.get("RS", 0))),
                  SQ2=min(16, max(_p2(key.tokens), 4)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
@@ -1327,7 +1368,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
-        g["F8"], g["A8"] = False, 0
+        g["F8"], g["A8"], g["RS"] = False, 0, 0
         g["SQ"] = max(g["SQ"], 8)  # two fp16 x terms: N = 2 x SQ >= 16
     if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
