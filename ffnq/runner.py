@@ -68,7 +68,7 @@ class Runner:
         self.experts, self.timeline, self.timeout = experts, bool(timeline), float(timeout)
         flags = self.flag_blocks()  # one peer buffer for every width: its flags are in each build
         self.keys = {s: FfnBuild(tokens=s, tp=tp, experts=experts, timeline=self.timeline, model=self.model,
-                                 timeout_ns=int(self.timeout * 1e9), blocks=self.blocks_for(s),
+                                 timeout_ns=int(self.timeout * 1e9), blocks=self.blocks_for(s, self.model, tp),
                                  flag_blocks=flags, **build)
                      for s in self.widths}
         self.layouts = {s: scratch_layout(k, self.scratch_extra(k)) for s, k in self.keys.items()}
@@ -93,8 +93,9 @@ class Runner:
         return cls
 
     @classmethod
-    def blocks_for(cls, width: int) -> int:
-        """The grid of a width's kernel (<= flag_blocks(), which sizes the peer buffer's flags)."""
+    def blocks_for(cls, width: int, model: ModelSpec | None = None, tp: int = 1, hip: bool | None = None) -> int:
+        """The grid of a width's kernel (<= flag_blocks(), which sizes the peer buffer's flags);
+        ``model``/``tp``: a backend may pick it per build, ``hip``: for that target (None: this host)."""
         return cls.BLOCKS
 
     @classmethod

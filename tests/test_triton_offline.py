@@ -97,8 +97,10 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # the measured table (configs/triton-measured.toml): TP1 one token in two K parts (dev round
     # 45), where the model, pricing stage 1 alone, keeps whole K; FFNQ_TRITON_TUNE overrides it
     monkeypatch.delenv("FFNQ_TRITON_TUNE")
-    assert [K.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 2, 2, 1]
-    assert K.measured("minimax-m2", 1, 1) == {"KS": 2} and K.measured("minimax-m2", 2, 1) == {}
+    # (two tokens: whole K, the model's pick on v25's grid of 396, where 360 items are one round)
+    assert [K.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
+    assert K.measured("minimax-m2", 1, 1) == {"KS": 2, "CPS": 3, "NS": 3, "SQ": 1}
+    assert K.measured("minimax-m2", 2, 1) == {}
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["KS"] == 1
     monkeypatch.setattr(K, "_measured_table", lambda: {"tiny": {"tp1": {"w1": {"LL": 0}}}})
@@ -175,13 +177,14 @@ def test_launch_and_sync_choices(monkeypatch):
     # development keys: a width's own grid (the grid barrier counts each launch from 0, so grids
     # may differ) sizes the peer buffer's flags for the largest grid; R1 caps width 1's registers
     from ffnq.backends.triton import TritonRunner
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "G1=396,R1=168")
-    assert (TritonRunner.blocks_for(1), TritonRunner.blocks_for(2), TritonRunner.flag_blocks()) == (396, 264, 396)
-    assert K.launch_options(cx(1))["maxnreg"] == 168 and "maxnreg" not in K.launch_options(cx(2))
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "G1=528,R1=128")
+    assert (TritonRunner.blocks_for(1), TritonRunner.blocks_for(2), TritonRunner.flag_blocks()) == (528, 264, 528)
+    assert K.launch_options(cx(1))["maxnreg"] == 128 and "maxnreg" not in K.launch_options(cx(2))
     assert "maxnreg" not in K.launch_options(cx(1, hip=True))
     big = TritonRunner.peer_bytes(spec, 2)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    assert big > TritonRunner.peer_bytes(spec, 2)  # the flags of 396 CTAs, not 264
+    # the flags of 528 CTAs, not 396 (3 per SM: the measured table's largest grid, v25)
+    assert TritonRunner.flag_blocks() == 396 and big > TritonRunner.peer_bytes(spec, 2)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,FENCE=0,CHK=1,SORT=0,BH=128,LL=0,PRE=0,PLR=0")
     v14 = cx(1)
     assert not (v14["PDL"] or v14["FENCE"] or v14["SORT"] or v14["LL"] or v14["PRE"] or v14["PLR"])
@@ -206,7 +209,8 @@ def test_launch_and_sync_choices(monkeypatch):
 
 def test_the_grid_follows_the_device(monkeypatch, capsys):
     """On NVIDIA the grid is 2 CTAs per SM of the job's GPU (264 on an H200 or H100 SXM, 228 on an
-    H100 PCIe, 156 on an H20); a runner with a grid of its own keeps it; CPU keeps BLOCKS. An
+    H100 PCIe, 156 on an H20), 3 per SM where a width's build fits 3 and was measured faster
+    (v25: TP1 at 1-3 tokens); a runner with a grid of its own keeps it; CPU keeps BLOCKS. An
     H20's grid is smaller than the seam's 192 chunks of 16 columns: 154 chunks of 20, two experts'
     logits per CTA; it compiles resident on 78 SMs (offline --cus)."""
     import torch
@@ -217,7 +221,18 @@ def test_the_grid_follows_the_device(monkeypatch, capsys):
     assert TritonRunner.for_device(torch.device("cpu")) is TritonRunner
     assert TritonRunner.for_sms(132) is TritonRunner
     pcie = TritonRunner.for_sms(114)
-    assert (pcie.BLOCKS, pcie.blocks_for(1), pcie.flag_blocks()) == (228, 228, 228)
+    assert (pcie.BLOCKS, pcie.blocks_for(1), pcie.flag_blocks()) == (228, 228, 342)
+    # v25: TP1 at 1-3 tokens 3 CTAs per SM of whichever device (configs/triton-measured.toml CPS)
+    assert [pcie.blocks_for(s, spec, 1) for s in (1, 3, 4)] == [342, 342, 228]
+    assert [TritonRunner.blocks_for(s, spec, 1) for s in (1, 2, 3, 4, 16)] == [396, 396, 396, 264, 264]
+    assert [TritonRunner.blocks_for(s, spec, 2) for s in (1, 2, 3)] == [264] * 3  # not measured at TP2
+    assert TritonRunner.blocks_for(1, spec, 1, hip=True) == 264  # CDNA keeps its grid
+    assert TritonRunner.with_grid(256).blocks_for(1, spec, 1) == 256  # a development grid: every width
+    assert [offline.build_key(spec, 1, Experts.ALL, 1, target=t).blocks for t in ("sm_90", "gfx942")] == [396, 264]
+    # and those builds fit 3 per SM (a kernel change that grows them past 168 registers or 75 KB
+    # of shared memory fails here, not in a cooperative launch on the device)
+    for r in offline.offline_table(spec, 1, Experts.ALL, "sm_90", widths=[1, 2, 3], jobs=2):
+        assert (r["grid"], r["resident"], r["spills"]) == (396, True, 0) and r["ctas_per_cu"] >= 3, r
     assert pcie.for_device(torch.device("cuda", 0)) is pcie  # its own grid: no device query
     assert pcie.peer_bytes(spec, 2) < TritonRunner.peer_bytes(spec, 2)
     g = K.geometry(offline.build_key(spec, 2, Experts.ALL, 1, blocks=156))
@@ -252,7 +267,8 @@ def test_offline_build_is_the_launch_build(tune, blocks, monkeypatch):
         for final in (False, True):
             cx = offline.constexprs_for(key, False, interp=True, final=final)
             assert cx == r._cx[(s, final)] and K.launch_options(cx) == r._opts[(s, final)]
-    assert r.keys[1].blocks == (396 if "G1" in tune else blocks or 264)
+    # (396 without a grid of its own: TP1 one token is 3 CTAs per SM, configs/triton-measured.toml)
+    assert r.keys[1].blocks == (blocks if blocks and "G1" not in tune else 396)
     assert r.keys[2].flags == r.keys[1].flags == max(r.keys[1].blocks, r.keys[2].blocks)
 
 

@@ -1186,7 +1186,8 @@ def _tune(tokens: int | None = None) -> dict:
 
 
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
-MEASURED_KEYS = frozenset({"BH", "BN", "JB", "KS", "KSFIX", "NS", "NSS", "RPG", "RTOP", "SQ"})
+# (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for)
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "JB", "KS", "KSFIX", "NS", "NSS", "RPG", "RTOP", "SQ"})
 
 
 @functools.cache
@@ -1205,6 +1206,13 @@ def measured(model: str, tp: int, tokens: int) -> dict:
         raise ValueError(f"configs/triton-measured.toml [{model}.tp{tp}.w{tokens}]: keys {bad} are not "
                          f"build choices ({', '.join(sorted(MEASURED_KEYS))})")
     return {k: int(v) for k, v in row.items()}
+
+
+def most_measured(name: str, default: int) -> int:
+    """The largest value of a key over every row of configs/triton-measured.toml (the peer
+    buffer's flags are sized for the largest grid of any model, TP and width)."""
+    rows = (w for m in _measured_table().values() for t in m.values() for w in t.values())
+    return max([default, *(int(r[name]) for r in rows if name in r)])
 
 
 def geometry(key) -> dict:

@@ -40,13 +40,17 @@ def _target(name: str):
 
 
 def build_key(model: ModelSpec, tp: int, experts: Experts, tokens: int, timeline: bool = False,
-              blocks: int | None = None, timeout_ns: int = 1_000_000_000) -> FfnBuild:
-    """The build a TritonRunner launches (``blocks``: every width's default grid, as
-    ``TritonRunner.with_grid``), its peer flags sized as that runner sizes them."""
+              blocks: int | None = None, timeout_ns: int = 1_000_000_000, target: str = "sm_90",
+              sms: int | None = None) -> FfnBuild:
+    """The build a TritonRunner launches for ``target`` (``blocks``: every width's grid, as
+    ``TritonRunner.with_grid``; else that of an NVIDIA device of ``sms`` SMs, an H200's by
+    default), its peer flags sized as that runner sizes them."""
     from ffnq.backends.triton.runner import TritonRunner
-    runner = TritonRunner.with_grid(blocks)
+    runner = TritonRunner.with_grid(blocks) if blocks else TritonRunner.for_sms(sms) if sms else TritonRunner
+    hip = _target(target).backend == "hip"
     return FfnBuild(tokens=tokens, tp=tp, experts=Experts(experts), timeline=timeline, model=model,
-                    timeout_ns=timeout_ns, blocks=runner.blocks_for(tokens), flag_blocks=runner.flag_blocks())
+                    timeout_ns=timeout_ns, blocks=runner.blocks_for(tokens, model, tp, hip=hip),
+                    flag_blocks=runner.flag_blocks())
 
 
 def _standins(key: FfnBuild):
@@ -166,7 +170,8 @@ def width_row(key: FfnBuild, target: str, cus: int | None = None, final: bool = 
 
 def _row_job(args):
     model, tp, experts, tokens, timeline, blocks, target, cus, final = args
-    key = build_key(model, tp, Experts(experts), tokens, timeline, blocks)
+    key = build_key(model, tp, Experts(experts), tokens, timeline, blocks, target=target,
+                    sms=cus if target == "sm_90" else None)
     try:
         row = width_row(key, target, cus, final)
         row["final"] = final
@@ -212,9 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", type=int, default=None, help="grid size (default: TritonRunner.blocks_for(width))")
     ap.add_argument("--cus", type=int, default=None,
                     help="SMs/CUs of the device to build for (default: the target's in ffnq.residency); on "
-                         "sm_90 also the grid, as a job on that device takes it (2 x SMs), unless --blocks")
+                         "sm_90 also the grid, as a job on that device takes it (2 or 3 x SMs), unless --blocks")
     a = ap.parse_args(argv)
-    from ffnq.backends.triton.runner import TritonRunner
     from ffnq.launch import parse_widths
     from ffnq.spec import load_model
 
@@ -223,8 +227,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     for tg in a.target.split(","):
         fin = {"no": False, "yes": True, "both": "both"}[a.final]
-        blocks = a.blocks or (TritonRunner.for_sms(a.cus).BLOCKS if a.cus and tg == "sm_90" else None)
-        rows += offline_table(a.model, a.tp, a.experts, tg, widths, timeline=a.timeline, blocks=blocks,
+        rows += offline_table(a.model, a.tp, a.experts, tg, widths, timeline=a.timeline, blocks=a.blocks,
                              cus=a.cus, jobs=a.jobs, final=fin)
     for r in rows:
         regs = r.get("regs") if "regs" in r else (f"v{r.get('vgpr')}/a{r.get('agpr')}/s{r.get('sgpr')}"

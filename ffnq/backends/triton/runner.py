@@ -36,10 +36,13 @@ class TritonRunner(Runner):
     BLOCKS = 264
     # on NVIDIA the grid is CTAS_PER_SM x the device's SMs (264 on an H200 or H100 SXM, 228 on an
     # H100 PCIe): every build fits two per SM (<= 255 registers x 128 threads, <= 98 KB of shared
-    # memory); a class with a grid of its own (with_grid, development runners) keeps it. CDNA keeps
-    # BLOCKS (resident at 1 per CU on gfx942's 304, offline tables; never run there).
+    # memory), and a width whose build fits three and was measured faster so takes 3 x SMs (CPS
+    # in configs/triton-measured.toml). A class with a grid of its own (with_grid, development
+    # runners) keeps it at every width. CDNA keeps BLOCKS (resident at 1 per CU on gfx942's 304,
+    # offline tables; never run there).
     CTAS_PER_SM = 2
     GRID_FROM_DEVICE = True
+    MEASURED_GRID = True
     NUM_WARPS = 4
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
 
@@ -54,25 +57,36 @@ class TritonRunner(Runner):
     def for_sms(cls, sms: int) -> type[TritonRunner]:
         """This runner with the grid of an NVIDIA device of ``sms`` SMs."""
         blocks = cls.CTAS_PER_SM * int(sms)
-        return cls if blocks == cls.BLOCKS else cls.with_grid(blocks)
+        return cls if blocks == cls.BLOCKS else cls._grid_class(blocks, measured=True)
 
     @classmethod
-    def blocks_for(cls, width: int) -> int:
+    def blocks_for(cls, width: int, model: ModelSpec | None = None, tp: int = 1, hip: bool | None = None) -> int:
         # FFNQ_TRITON_TUNE="G1=396": one width's grid, for development (3 CTAs per SM where that
-        # build's registers and shared memory allow it, "R1=168"; the offline prewarm reads the
-        # same keys; the grid barrier takes launches of any grids on one buffer)
-        return K._tune().get(f"G{width}") or cls.BLOCKS
+        # build's registers and shared memory allow it; the offline prewarm reads the same keys;
+        # the grid barrier takes launches of any grids on one buffer)
+        grid = K._tune().get(f"G{width}")
+        if grid:
+            return grid
+        hip = torch.version.hip is not None if hip is None else hip
+        if model is None or hip or not cls.MEASURED_GRID:
+            return cls.BLOCKS
+        return cls.BLOCKS // cls.CTAS_PER_SM * K.measured(model.name, tp, width).get("CPS", cls.CTAS_PER_SM)
 
     @classmethod
     def with_grid(cls, blocks: int | None) -> type[TritonRunner]:
-        """This runner with ``blocks`` as every width's default grid (development rounds)."""
-        if not blocks:
-            return cls
-        return type(f"{cls.__name__}{blocks}", (cls,), {"BLOCKS": blocks, "GRID_FROM_DEVICE": False})
+        """This runner with ``blocks`` as every width's grid (development rounds)."""
+        return cls._grid_class(blocks, measured=False) if blocks else cls
+
+    @classmethod
+    def _grid_class(cls, blocks: int, measured: bool) -> type[TritonRunner]:
+        return type(f"{cls.__name__}{blocks}", (cls,),
+                    {"BLOCKS": blocks, "GRID_FROM_DEVICE": False, "MEASURED_GRID": measured})
 
     @classmethod
     def flag_blocks(cls) -> int:
         grids = [v for k, v in K._tune().items() if k[:1] == "G" and k[1:].isdigit()]
+        if cls.MEASURED_GRID:
+            grids.append(cls.BLOCKS // cls.CTAS_PER_SM * K.most_measured("CPS", cls.CTAS_PER_SM))
         return max([cls.BLOCKS, *grids])
 
     @classmethod
