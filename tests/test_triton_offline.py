@@ -336,8 +336,8 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), with the exchanges
     that TP1 skips by default (SOLO=0: they are the identity there, v22), with each stage-2
     item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
-    default is fp8 act terms up to 8 tokens, v24) and on fp8 terms in steps of one stage-1 tile
-    (A8=1)."""
+    default is fp8 act terms up to 8 tokens, v24), on fp8 terms in steps of one stage-1 tile
+    (A8=1), and with both stages' accumulators rescaled in place (RS=1, A8=3)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference

@@ -1315,6 +1315,13 @@ def geometry(key) -> dict:
     # 48.2 / 80.3 / 139.4 / 197.7 in a round noisy from 8 tokens; at 12 / 16 266.4 / 328.7 against
     # 273.6 / 325.2 (round 53 at 16: 308.7 against 311.0; 12-52 bytes of spills from 9 tokens), so 9-16
     # keep fp16. A8=1 (steps of one tile, no spills) was slower at 1-4. NVIDIA fp8 path only (F8)
+    # RS=1 (stage 1) and A8=3 (stage 2): each accumulator kept in units of the last block's scale
+    # and rescaled before the MMA, which accumulates in place: no second fp32 product live (TP1
+    # 164 registers at one token against 234; A8 at 16 tokens 182 with no spills against 255 and
+    # 52 B). Measured, not adopted (dev round 55): 48.2 / 77.6 / 124.7 / 181.3 / 254.5 / 316.1
+    # against 47.6 / 76.8 / 124.2 / 180.9 / 250.5 / 315.2 us at 1 / 2 / 4 / 8 / 12 / 16 tokens,
+    # and max rel_err 0.0030-0.0034 against 0.0017: the fp8 MMA's own accumulator is narrower
+    # than fp32 (why a product per 128-wide K block is summed in fp32 registers)
     a8 = tune.get("A8", 2 if key.tokens <= 8 else 0) if f8 and i_r > 0 and 128 % bn == 0 else 0
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
