@@ -621,7 +621,7 @@ def ffn_kernel(
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
-    RS: tl.constexpr,
+    RS: tl.constexpr, A8T: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
@@ -960,13 +960,13 @@ def ffn_kernel(
                     wt = tl.load(wtab + ej * SP + rq, mask=rq < S, other=0.0)  # [SQ]
                     a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
                     if A8:
-                        # four fp8 terms of a / (the tile's max / 256), as x's (_store_x): stage 2 then
+                        # A8T (four) fp8 terms of a / (the tile's max / 256), as x's (_store_x): stage 2 then
                         # multiplies them with the fp8 w2 codes as stored, the tile's scale on each
                         # product (one number per K step and tile, not per token)
                         amax = tl.maximum(tl.max(tl.max(tl.abs(a), axis=1), axis=0), 1e-30)
                         ar = a * (256.0 / amax)
                         a8 = _as(scratch, SC_ACT8, tl.float8e4nv) + r1[:, None]
-                        for q in tl.static_range(4):
+                        for q in tl.static_range(A8T):
                             aq = _fp8(ar, INTERP)
                             tl.store(a8 + ((j * 4 + q) * SP + rq[None, :]).to(tl.int64) * I_R, aq)
                             ar = (ar - aq.to(tl.float32)) * 16.0
@@ -998,7 +998,7 @@ def ffn_kernel(
                 # count, not stage 1's SQ (16 below 7 tokens)
                 rq2 = tl.arange(0, SQ2)
                 kn = tl.arange(0, BN)
-                c8 = tl.arange(0, 4 * SQ2)
+                c8 = tl.arange(0, A8T * SQ2)
                 tw8 = tl.exp2((c8 // SQ2) * -4.0)  # term t counts 16^-t
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
             w = pid
@@ -1029,7 +1029,7 @@ def ffn_kernel(
                 if A8:
                     # fp8 x fp8 as stage 1: [BH, BN] w2 codes @ [BN, 4 x SQ2] act terms per stage-1 tile,
                     # each product times w2's block scale x the tile's act scale
-                    yt8 = tl.zeros((BH, 4 * SQ2), tl.float32)
+                    yt8 = tl.zeros((BH, A8T * SQ2), tl.float32)
                     # A8 = 2: steps of 128 (two stage-1 tiles, an MMA each); A8 = 1: steps of one tile
                     A8K: tl.constexpr = 64 if A8 == 1 else 128
                     # A8 = 3: as 2, the accumulator kept in units of the last product's scale and
@@ -1050,7 +1050,7 @@ def ffn_kernel(
                                 yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
                     if A8 == 3:
                         yt8 = yt8 * su
-                    y8 = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, 4, SQ2)), axis=1)  # [BH, SQ2]
+                    y8 = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
                     tl.store(ypart + ((j * KH + kh) * S + rq2[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
                              y8, mask=(rq2 < S)[None, :])
                 else:
@@ -1323,11 +1323,15 @@ def geometry(key) -> dict:
     # and max rel_err 0.0030-0.0034 against 0.0017: the fp8 MMA's own accumulator is narrower
     # than fp32 (why a product per 128-wide K block is summed in fp32 registers)
     a8 = tune.get("A8", 2 if key.tokens <= 8 else 0) if f8 and i_r > 0 and 128 % bn == 0 else 0
+    # A8T: the act's fp8 terms (4: ~16 bits; 2: ~8, a bf16 act's; 1: one fp8 code per element)
+    a8t = tune.get("A8T", 4)
+    if a8t not in (1, 2, 4):
+        raise ValueError(f"FFNQ_TRITON_TUNE A8T={a8t}: allowed 1, 2 or 4 fp8 terms")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
-                 RS=int(f8 and bool(tune.get("RS", 0))),
+                 RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t,
                  SQ2=min(16, max(_p2(key.tokens), 4)))
     nsl, nht = max(1, nslot), H // bh
     nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
