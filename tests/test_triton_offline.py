@@ -129,16 +129,18 @@ def test_fp8_stage_one_on_nvidia_only(monkeypatch):
     assert lay["x"].nbytes == 2 * 2 * 4 * spec.hidden
 
 
-def test_fp8_stage_two_up_to_eight_tokens_on_nvidia(monkeypatch):
-    """v24 (A8): up to 8 tokens stage 2 multiplies fp8 act terms with the fp8 w2 codes (steps of
-    128, an MMA per stage-1 tile), the act as four fp8 terms x 16 token rows per slot and a scale
-    per stage-1 tile in scratch; 9-16 tokens, CDNA and the fp16 x path (F8=0) keep the fp16 act."""
+def test_fp8_stage_two_on_nvidia(monkeypatch):
+    """v24 (A8): stage 2 multiplies fp8 act terms with the fp8 w2 codes (steps of 128, an MMA per
+    stage-1 tile), the act as fp8 terms x 16 token rows per slot and a scale per stage-1 tile in
+    scratch; v26: at every width, two terms (A8T). CDNA and the fp16 x path (F8=0) keep the fp16
+    act; A8T takes 1, 2 or 4 terms and names anything else."""
     from ffnq.backends.triton import kernel as K
     from ffnq.spec import scratch_layout
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")
-    keys = {s: offline.build_key(spec, tp, Experts.ALL, s) for tp, s in ((1, 1), (2, 8), (2, 9))}
-    assert [K.geometry(k)["A8"] for k in keys.values()] == [2, 2, 0]
+    keys = {s: offline.build_key(spec, tp, Experts.ALL, s) for tp, s in ((1, 1), (2, 8), (2, 16))}
+    assert [K.geometry(k)["A8"] for k in keys.values()] == [2, 2, 2]
+    assert [K.geometry(k)["A8T"] for k in keys.values()] == [2, 2, 2]
     assert [K.geometry(k)["SQ2"] for k in keys.values()] == [4, 8, 16]
     assert offline.constexprs_for(keys[1], False)["A8"] == 2 and offline.constexprs_for(keys[1], True)["A8"] == 0
     g = K.geometry(keys[8])
@@ -146,7 +148,11 @@ def test_fp8_stage_two_up_to_eight_tokens_on_nvidia(monkeypatch):
     assert lay["act8"].nbytes == g["NSLOT"] * 4 * 16 * g["I_R"]
     assert lay["ascale"].nbytes == 4 * g["NSLOT"] * g["I_R"] // g["BN"]
     assert "act" in lay  # CDNA's fp16 act, where a build keeps A8 but the target turns it off
-    assert "act8" not in scratch_layout(keys[9], K.scratch_extra(keys[9]))
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "A8@16=0,A8T@8=4")
+    assert "act8" not in scratch_layout(keys[16], K.scratch_extra(keys[16])) and K.geometry(keys[8])["A8T"] == 4
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "A8T=3")
+    with pytest.raises(ValueError, match="A8T=3: allowed 1, 2 or 4"):
+        K.geometry(keys[1])
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "F8=0")
     assert K.geometry(keys[1])["A8"] == 0
 
@@ -328,7 +334,8 @@ def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "RS=1,A8=3"])
+@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "RS=1,A8=3",
+                                  "A8T=4"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
@@ -336,8 +343,8 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), with the exchanges
     that TP1 skips by default (SOLO=0: they are the identity there, v22), with each stage-2
     item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
-    default is fp8 act terms up to 8 tokens, v24), on fp8 terms in steps of one stage-1 tile
-    (A8=1), and with both stages' accumulators rescaled in place (RS=1, A8=3)."""
+    default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), with
+    both stages' accumulators rescaled in place (RS=1, A8=3), and on four act terms (A8T=4)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference

@@ -1314,7 +1314,7 @@ def geometry(key) -> dict:
     # 123.8 / 180.6 against 47.7 / 79.9 / 136.9 / 191.5 us, and 47.9 / 77.4 / 126.6 / 201.5 against
     # 48.2 / 80.3 / 139.4 / 197.7 in a round noisy from 8 tokens; at 12 / 16 266.4 / 328.7 against
     # 273.6 / 325.2 (round 53 at 16: 308.7 against 311.0; 12-52 bytes of spills from 9 tokens), so 9-16
-    # keep fp16. A8=1 (steps of one tile, no spills) was slower at 1-4. NVIDIA fp8 path only (F8)
+    # kept fp16 in v24-v25 (v26: two terms, below). A8=1 (steps of one tile, no spills) was slower at 1-4. NVIDIA fp8 path only (F8)
     # RS=1 (stage 1) and A8=3 (stage 2): each accumulator kept in units of the last block's scale
     # and rescaled before the MMA, which accumulates in place: no second fp32 product live (TP1
     # 164 registers at one token against 234; A8 at 16 tokens 182 with no spills against 255 and
@@ -1322,9 +1322,14 @@ def geometry(key) -> dict:
     # against 47.6 / 76.8 / 124.2 / 180.9 / 250.5 / 315.2 us at 1 / 2 / 4 / 8 / 12 / 16 tokens,
     # and max rel_err 0.0030-0.0034 against 0.0017: the fp8 MMA's own accumulator is narrower
     # than fp32 (why a product per 128-wide K block is summed in fp32 registers)
-    a8 = tune.get("A8", 2 if key.tokens <= 8 else 0) if f8 and i_r > 0 and 128 % bn == 0 else 0
-    # A8T: the act's fp8 terms (4: ~16 bits; 2: ~8, a bf16 act's; 1: one fp8 code per element)
-    a8t = tune.get("A8T", 4)
+    # A8T: the act's fp8 terms (4: ~16 bits; 2: ~8, a bf16 act's; 1: one fp8 code per element).
+    # v26: two terms at every width, A8 from 9 tokens too (dev round 58, TP1 side by side, p50
+    # us): 1 / 4 / 8 / 9 / 12 / 14 / 16 tokens 46.2 / 123.0 / 175.9 / 203.0 / 238.5 / 261.5 /
+    # 289.2 against v25's 46.3 / 124.0 / 180.4 / 217.3 / 247.2 / 271.1 / 309.0 (four terms at
+    # 9-16: 220.4 / 249.9 / 272.0 / 302.7, with spills); max rel_err over 1-16 tokens 0.00179
+    # against 0.00173 (each element keeps its own exponent under the tile's scale)
+    a8 = tune.get("A8", 2) if f8 and i_r > 0 and 128 % bn == 0 else 0
+    a8t = tune.get("A8T", 2)
     if a8t not in (1, 2, 4):
         raise ValueError(f"FFNQ_TRITON_TUNE A8T={a8t}: allowed 1, 2 or 4 fp8 terms")
     extra = dict(CHK=tune.get("CHK", 8),
