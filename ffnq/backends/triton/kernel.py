@@ -375,14 +375,14 @@ def _fence_sys(INTERP: tl.constexpr):
 
 @triton.jit
 def _publish(peers, pid, rank, val, PHASE: tl.constexpr, P_FLAGS: tl.constexpr, TP: tl.constexpr,
-             BLOCKS: tl.constexpr, INTERP: tl.constexpr, FENCE: tl.constexpr):
+             FLAGB: tl.constexpr, INTERP: tl.constexpr, FENCE: tl.constexpr):
     # FENCE: every thread fences its own pushes (in parallel), then one relaxed flag per peer: one
     # round trip to the peers, not a release (a fence) per flag each waiting for the last flag
     if FENCE:
         _fence_sys(INTERP)
     tl.debug_barrier()  # every thread's pushes happen-before the (one-thread) flags
     for dst in tl.static_range(TP):
-        f = _as(_peer_base(peers, dst), P_FLAGS + ((PHASE * BLOCKS + pid) * TP + rank) * 4, tl.int32)
+        f = _as(_peer_base(peers, dst), P_FLAGS + ((PHASE * FLAGB + pid) * TP + rank) * 4, tl.int32)
         tl.atomic_xchg(f, val, sem="relaxed" if FENCE else "release", scope="sys")
 
 
@@ -412,7 +412,7 @@ def _tag(v, m2, e, LL: tl.constexpr):
 
 @triton.jit
 def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, base, PHASE: tl.constexpr,
-                P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, TP: tl.constexpr, BLOCKS: tl.constexpr,
+                P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, TP: tl.constexpr, FLAGB: tl.constexpr,
                 SLOT: tl.constexpr, SEEN0: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
                 TIMELINE: tl.constexpr, CHK: tl.constexpr, LL: tl.constexpr):
     """Wait for every peer's arrival on this rank's buffer, bounded: flags[PHASE][pid][src] == e,
@@ -433,7 +433,7 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, base, 
         if LL:
             p = _as(mine, base + src * SLOT, tl.int64) + offs
         else:
-            p = _as(mine, P_FLAGS + ((PHASE * BLOCKS + pid) * TP + src) * 4, tl.int32)
+            p = _as(mine, P_FLAGS + ((PHASE * FLAGB + pid) * TP + src) * 4, tl.int32)
         if src != rank:
             v = _read(p, m2, LL)
             tag = _tag(v, m2, e, LL)
@@ -486,7 +486,7 @@ def _push_ll(peers, base, offs, m2, v, val, TP: tl.constexpr, INTERP: tl.constex
 
 @triton.jit
 def _send(peers, pid, rank, par, v, val, offs, m2, P_BUF: tl.constexpr, P_LL: tl.constexpr, PHASE: tl.constexpr,
-          P_FLAGS: tl.constexpr, TP: tl.constexpr, MT: tl.constexpr, H: tl.constexpr, BLOCKS: tl.constexpr,
+          P_FLAGS: tl.constexpr, TP: tl.constexpr, MT: tl.constexpr, H: tl.constexpr, FLAGB: tl.constexpr,
           INTERP: tl.constexpr, FENCE: tl.constexpr, LL: tl.constexpr):
     """One exchange's send: this CTA's chunk v [SP, C] (bf16) to this rank's slot on every rank,
     tagged val (e, or -e after a fault): as LL words, or as values and then one flag per peer."""
@@ -496,18 +496,18 @@ def _send(peers, pid, rank, par, v, val, offs, m2, P_BUF: tl.constexpr, P_LL: tl
         for dst in tl.static_range(TP):
             tl.store(_as(_peer_base(peers, dst), P_BUF + ((par * TP + rank) * MT) * H * 2, tl.bfloat16) + offs, v,
                      mask=m2)
-        _publish(peers, pid, rank, val, PHASE, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
+        _publish(peers, pid, rank, val, PHASE, P_FLAGS, TP, FLAGB, INTERP, FENCE)
 
 
 @triton.jit
 def _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_BUF: tl.constexpr, P_LL: tl.constexpr,
             PHASE: tl.constexpr, P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, TP: tl.constexpr, MT: tl.constexpr,
-            H: tl.constexpr, BLOCKS: tl.constexpr, SEEN0: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
+            H: tl.constexpr, FLAGB: tl.constexpr, SEEN0: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
             TIMELINE: tl.constexpr, CHK: tl.constexpr, LL: tl.constexpr):
     """The matching receive, after a bounded wait: the fp32 sum of every rank's chunk in rank
     order (every rank sums the same values the same way)."""
     acc = _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, P_LL + (par * TP * MT) * H * 8, PHASE,
-                      P_FLAGS, P_FBOX, TP, BLOCKS, MT * H * 8, SEEN0, IS_HIP, INTERP, TIMELINE, CHK, LL)
+                      P_FLAGS, P_FBOX, TP, FLAGB, MT * H * 8, SEEN0, IS_HIP, INTERP, TIMELINE, CHK, LL)
     if not LL:
         mine = _peer_base(peers, rank)
         for src in tl.static_range(TP):
@@ -621,7 +621,7 @@ def ffn_kernel(
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
-    RS: tl.constexpr, A8T: tl.constexpr,
+    RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
@@ -713,7 +713,7 @@ def ffn_kernel(
                 faulted = _rank_faulted(fault, e)  # other CTAs may have given up meanwhile
         if not SOLO:  # (SOLO: TP1 has no peer, its all-reduces are the identity)
             _send(peers, pid, rank, par, p, tl.where(faulted, -e, e), offs, m2, P_SEAM, P_SEAM_LL, PH_SEAM, P_FLAGS,
-                  TP, MT, H, BLOCKS, INTERP, FENCE, LL)
+                  TP, MT, H, FLAGB, INTERP, FENCE, LL)
         _stamp(tl_row, C_SEAM_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 6):
         # this chunk's columns of the router [E, CH], loaded before the wait: its HBM latency
@@ -737,7 +737,7 @@ def ffn_kernel(
             _stamp(tl_row, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE)
         else:
             h += _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_SEAM, P_SEAM_LL, PH_SEAM,
-                         P_FLAGS, P_FBOX, TP, MT, H, BLOCKS, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
+                         P_FLAGS, P_FBOX, TP, MT, H, FLAGB, C_SEAM_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
         tl.store(res_out + offs, h.to(tl.bfloat16), mask=m2)
         if FR:
             # (FR, TP1 at few rows) every CTA reads the whole rows, so rstd and its own experts'
@@ -1104,7 +1104,7 @@ def ffn_kernel(
             tl.store(out + offs, yb, mask=m2)
         else:
             _send(peers, pid, rank, par, yb, tl.where(_rank_faulted(fault, e), -e, e), offs, m2, P_MOE, P_MOE_LL,
-                  PH_REDUCE, P_FLAGS, TP, MT, H, BLOCKS, INTERP, FENCE, LL)
+                  PH_REDUCE, P_FLAGS, TP, MT, H, FLAGB, INTERP, FENCE, LL)
         _stamp(tl_row, C_RED_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 7):
         offs = rows[:, None] * H + ccols[None, :]
@@ -1112,7 +1112,7 @@ def ffn_kernel(
             _stamp(tl_row, C_RED_SEEN, IS_HIP, INTERP, TIMELINE)
         else:
             o = _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_MOE, P_MOE_LL, PH_REDUCE,
-                        P_FLAGS, P_FBOX, TP, MT, H, BLOCKS, C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
+                        P_FLAGS, P_FBOX, TP, MT, H, FLAGB, C_RED_SEEN, IS_HIP, INTERP, TIMELINE, CHK, LL)
             tl.store(out + offs, o.to(tl.bfloat16), mask=m2)
         _stamp(tl_row, C_RED_DONE, IS_HIP, INTERP, TIMELINE)
 
@@ -1120,7 +1120,7 @@ def ffn_kernel(
         if FINAL:
             if not SOLO:
                 val = tl.where(_rank_faulted(fault, e), -e, e)
-                _publish(peers, pid, rank, val, PH_HANDSHAKE, P_FLAGS, TP, BLOCKS, INTERP, FENCE)
+                _publish(peers, pid, rank, val, PH_HANDSHAKE, P_FLAGS, TP, FLAGB, INTERP, FENCE)
             _stamp(tl_row, C_HS_ARRIVE, IS_HIP, INTERP, TIMELINE)
     if (STAGE == 0) | (STAGE == 8):
         if FINAL:
@@ -1128,7 +1128,7 @@ def ffn_kernel(
                 _stamp(tl_row, C_HS_SEEN, IS_HIP, INTERP, TIMELINE)
             else:
                 _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, m2, m2, 0, PH_HANDSHAKE, P_FLAGS, P_FBOX,
-                            TP, BLOCKS, 0, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK, False)  # a flag: no chunk
+                            TP, FLAGB, 0, C_HS_SEEN, IS_HIP, INTERP, TIMELINE, CHK, False)  # a flag: no chunk
             _stamp(tl_row, C_HS_DONE, IS_HIP, INTERP, TIMELINE)
         _stamp(tl_row, C_END, IS_HIP, INTERP, TIMELINE)
         if STAGE != 0:
@@ -1401,6 +1401,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, P_SEAM_LL=peer["seam_ll"].offset, P_MOE_LL=peer["moe_ll"].offset,
              NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
+             FLAGB=key.flags,  # the peer flags' CTA slots per phase (spec.peer_layout): >= the grid
              IS_HIP=bool(is_hip), INTERP=bool(interp), STAGE=int(stage), FINAL=bool(final))
     return g
 
