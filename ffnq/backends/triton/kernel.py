@@ -216,14 +216,16 @@ def _mma_sc(w, scale, x, acc, INTERP: tl.constexpr, IS_HIP: tl.constexpr, SACC: 
 
 
 @triton.jit
-def _mma_unit(w, x, acc, ratio, INTERP: tl.constexpr):
-    """acc x ratio + w @ x, the fp8 codes as stored: the product accumulates in the MMA's own
-    registers (the caller keeps acc in units of the last block's scale: ratio = old unit / new)."""
+def _mma_unit(w, x, acc, scale, unit, INTERP: tl.constexpr):
+    """(acc in units of ``scale``, that unit) after acc (in units of ``unit``) + (w * scale) @ x,
+    the fp8 codes as stored: the product accumulates in the MMA's own registers. A zero scale
+    (its codes all zero) keeps the unit."""
+    s = tl.where(scale > 0.0, scale, unit)
     if INTERP:
-        r = acc * ratio + tl.dot(w.to(tl.float32), x.to(tl.float32))
+        r = acc * (unit / s) + tl.dot(w.to(tl.float32), x.to(tl.float32))
     else:
-        r = tl.dot(w, x, acc * ratio)
-    return r
+        r = tl.dot(w, x, acc * (unit / s))
+    return r, s
 
 
 @triton.jit
@@ -928,12 +930,8 @@ def ffn_kernel(
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
                     if RS:
-                        sg = tl.where(sg > 0.0, sg, ug)
-                        su = tl.where(su > 0.0, su, uu)
-                        acc_g = _mma_unit(wg, xk, acc_g, ug / sg, INTERP)
-                        acc_u = _mma_unit(wu, xk, acc_u, uu / su, INTERP)
-                        ug = sg
-                        uu = su
+                        acc_g, ug = _mma_unit(wg, xk, acc_g, sg, ug, INTERP)
+                        acc_u, uu = _mma_unit(wu, xk, acc_u, su, uu, INTERP)
                     else:
                         acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
                         acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
@@ -963,7 +961,8 @@ def ffn_kernel(
                         # A8T (four) fp8 terms of a / (the tile's max / 256), as x's (_store_x): stage 2 then
                         # multiplies them with the fp8 w2 codes as stored, the tile's scale on each
                         # product (one number per K step and tile, not per token)
-                        amax = tl.maximum(tl.max(tl.max(tl.abs(a), axis=1), axis=0), 1e-30)
+                        araw = tl.max(tl.max(tl.abs(a), axis=1), axis=0)
+                        amax = tl.maximum(araw, 1e-30)
                         ar = a * (256.0 / amax)
                         a8 = _as(scratch, SC_ACT8, tl.float8e4nv) + r1[:, None]
                         for q in tl.static_range(A8T):
@@ -971,7 +970,7 @@ def ffn_kernel(
                             tl.store(a8 + ((j * 4 + q) * SP + rq[None, :]).to(tl.int64) * I_R, aq)
                             ar = (ar - aq.to(tl.float32)) * 16.0
                         if A8 == 3:  # an all-zero tile: scale 0, so stage 2 keeps its unit there
-                            amax = tl.where(tl.max(tl.max(tl.abs(a), axis=1), axis=0) > 0.0, amax, 0.0)
+                            amax = tl.where(araw > 0.0, amax, 0.0)
                         tl.store(_as(scratch, SC_ASC, tl.float32) + j * NT + t, amax * (1.0 / 256.0))
                     else:
                         tl.store(act + (j * SP + rq[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
@@ -1031,10 +1030,10 @@ def ffn_kernel(
                     # each product times w2's block scale x the tile's act scale
                     yt8 = tl.zeros((BH, A8T * SQ2), tl.float32)
                     # A8 = 2: steps of 128 (two stage-1 tiles, an MMA each); A8 = 1: steps of one tile
-                    A8K: tl.constexpr = 64 if A8 == 1 else 128
+                    A8K: tl.constexpr = BN if A8 == 1 else 128
                     # A8 = 3: as 2, the accumulator kept in units of the last product's scale and
                     # rescaled before each MMA, which then accumulates in place (no second
-                    # [BH, 4 x SQ2] fp32 product live); a zero scale (its codes all zero) keeps the unit
+                    # [BH, A8T x SQ2] fp32 product live: _mma_unit)
                     su = tl.full((), 1.0, tl.float32)
                     for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS):
                         for q in tl.static_range(A8K // BN):
@@ -1043,9 +1042,7 @@ def ffn_kernel(
                             wq = tl.load(wbase + kk + kn[None, :])
                             sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
                             if A8 == 3:
-                                sc = tl.where(sc > 0.0, sc, su)
-                                yt8 = _mma_unit(wq, av, yt8, su / sc, INTERP)
-                                su = sc
+                                yt8, su = _mma_unit(wq, av, yt8, sc, su, INTERP)
                             else:
                                 yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
                     if A8 == 3:
