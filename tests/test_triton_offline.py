@@ -396,6 +396,32 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+def test_interpreter_items_taken_from_counters(monkeypatch):
+    """DQ=1: after its first item a CTA takes the next ticket of its stage's counter, not every
+    BLOCKS-th item. The interpreter runs CTAs one after another, so on a grid of 7 CTA 0 takes
+    every ticket after the first round: each item must still run exactly once (the counters
+    end at the items' count) and the step match the reference, split K's fix-up included."""
+    import torch
+    from ffnq import reference
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.backends.triton import kernel as K
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=1,KS=2")
+    S = 3
+    r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), torch.tensor([0, -1, 2]), 4, 6)
+    g = K.geometry(r.keys[S])
+    assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7
+    n_act = int(r.view(S, "meta")[0])
+    n1, n2 = n_act * (g["I_R"] // g["BN"]) * g["KS"], n_act * (g["H"] // g["BH"]) * g["KH"]
+    assert n1 > 7 and n2 > 7  # more items than CTAs: the counters are in use
+    q = r.view(S, "sync")[g["QOFF"]:g["QOFF"] + 2].tolist()
+    assert q == [n1, n2]  # one claim per item run: every item once
+    assert reference.compare(out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] < 1e-2
+    assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
+    assert torch.equal(r.view(S, "route").long(), ref.chosen)
+    assert (out[1] == 0).all() and r.fault(S) is None
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_row_topk_and_split_k(monkeypatch):
     """Six rows, so one CTA per row picks that row's top-k in phase B, and the stage-1 items
     split in two K parts (the last arriver of a tile sums them): TP1 numerics and routing."""

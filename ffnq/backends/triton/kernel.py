@@ -574,6 +574,22 @@ def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constex
 
 
 @triton.jit
+def _claim(ctr):
+    """Take the next ticket of the work counter *ctr without a CTA barrier: one thread's atomic,
+    as a [128] tensor (a scalar atomic is broadcast through shared memory behind a barrier, which
+    would stall here). Issued at an item's start, read (_ticket) at its end: the latency hides
+    behind the item's loads."""
+    lane = tl.arange(0, 128)
+    return tl.atomic_add(ctr + lane * 0, tl.where(lane == 0, 1, 0), mask=lane == 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _ticket(r):
+    lane = tl.arange(0, 128)
+    return tl.max(tl.where(lane == 0, r, 0), axis=0)
+
+
+@triton.jit
 def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, IS_HIP: tl.constexpr,
                 INTERP: tl.constexpr, CHK: tl.constexpr):
     """Spin until the GPU-local counter *ptr has grown by ``need`` from ``base`` (v: its last value
@@ -623,7 +639,7 @@ def ffn_kernel(
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
-    RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr,
+    RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
@@ -904,6 +920,8 @@ def ffn_kernel(
             go = nn[:, None] * SP + rq[None, :]
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             while w < n_items:
+                if DQ:  # the next item: whichever ticket is free now (see DQ in geometry)
+                    nxt = _claim(sync + QOFF)
                 jt = w // KS
                 kb = (w % KS) * KSTEP
                 j = jt // NT
@@ -976,7 +994,10 @@ def ffn_kernel(
                         tl.store(act + (j * SP + rq[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
                     tl.debug_barrier()
                     tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
-                w += BLOCKS
+                if DQ:
+                    w = BLOCKS + _ticket(nxt)
+                else:
+                    w += BLOCKS
         _stamp(sub_row, 3, IS_HIP, INTERP, TIMELINE)
     # no grid barrier: a stage-2 item waits for its own expert's NT tiles only
 
@@ -1007,6 +1028,8 @@ def ffn_kernel(
             # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
             # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
             while w < n1 + n_act * (NHT * KH):
+                if DQ:
+                    nxt = _claim(sync + QOFF + 1)
                 j = (w - n1) // (NHT * KH)
                 t = (w - n1) % (NHT * KH) // KH
                 kh = (w - n1) % KH
@@ -1064,7 +1087,10 @@ def ffn_kernel(
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
-                w += BLOCKS
+                if DQ:  # stage-2 tickets count from n1 + BLOCKS: each CTA's first item is its own
+                    w = n1 + BLOCKS + _ticket(nxt)
+                else:
+                    w += BLOCKS
             _stamp(sub_row, 5, IS_HIP, INTERP, TIMELINE)
     # no grid barrier: the sum of a chunk waits for its own H tiles only
 
@@ -1184,7 +1210,7 @@ def _tune(tokens: int | None = None) -> dict:
 
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "JB", "KS", "KSFIX", "NS", "NSS", "RPG", "RTOP", "SQ"})
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "JB", "KS", "KSFIX", "NS", "NSS", "RPG", "RTOP", "SQ"})
 
 
 @functools.cache
@@ -1329,14 +1355,21 @@ def geometry(key) -> dict:
     a8t = tune.get("A8T", 2)
     if a8t not in (1, 2, 4):
         raise ValueError(f"FFNQ_TRITON_TUNE A8T={a8t}: allowed 1, 2 or 4 fp8 terms")
+    # DQ=1: a CTA's items after its first taken from a counter per stage (claimed at an item's
+    # start, ~1 per item) instead of every BLOCKS-th: a CTA slowed by its SM's share of the HBM
+    # takes fewer items, so the stages' last CTAs end closer together (v26 at 16 tokens: the
+    # median CTA waits 10.8 us for the slowest's stage-2 tiles before its sum). Widths whose items
+    # fit one round per stage are unchanged (each CTA's first item stays its own)
+    dq = int(bool(tune.get("DQ", 0)))
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
-                 RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t,
+                 RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
                  SQ2=min(16, max(_p2(key.tokens), 4)))
     nsl, nht = max(1, nslot), H // bh
-    nsync = nsl + nht + (nsl * nt if ks > 1 else 0)
+    qoff = nsl + nht + (nsl * nt if ks > 1 else 0)
+    nsync = qoff + 2 * dq
     seg = -(-nsync // blocks)
     # NSS: the pipeline depth at up to 4 tokens, where SQ=4 leaves shared memory for more stages
     ns = tune.get("NSS", NUM_STAGES_EXPERTS) if sq <= 4 else NUM_STAGES_EXPERTS
@@ -1344,7 +1377,7 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rowtop, NSL=nsl,
-                NSYNC=nsync, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
+                NSYNC=nsync, QOFF=qoff, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 RP=rp, CPPP2=_p2(-(-nch // rp)), **extra)
 
 
