@@ -335,7 +335,7 @@ def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "RS=1,A8=3",
-                                  "A8T=4"])
+                                  "A8T=4", "DQ=0"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
@@ -344,7 +344,8 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     that TP1 skips by default (SOLO=0: they are the identity there, v22), with each stage-2
     item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
     default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), with
-    both stages' accumulators rescaled in place (RS=1, A8=3), and on four act terms (A8T=4)."""
+    both stages' accumulators rescaled in place (RS=1, A8=3), on four act terms (A8T=4), and
+    with every CTA's items every BLOCKS-th, not from the stages' counters (DQ=0: v26's schedule)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -397,15 +398,15 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_items_taken_from_counters(monkeypatch):
-    """DQ=1: after its first item a CTA takes the next ticket of its stage's counter, not every
-    BLOCKS-th item. The interpreter runs CTAs one after another, so on a grid of 7 CTA 0 takes
+    """DQ (the default from v27): after its first item a CTA takes the next ticket of its stage's
+    counter, not every BLOCKS-th item. The interpreter runs CTAs one after another, so on a grid of 7 CTA 0 takes
     every ticket after the first round: each item must still run exactly once (the counters
     end at the items' count) and the step match the reference, split K's fix-up included."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import kernel as K
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=1,KS=2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=2")
     S = 3
     r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), torch.tensor([0, -1, 2]), 4, 6)
     g = K.geometry(r.keys[S])
