@@ -101,6 +101,10 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert [K.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
     assert K.measured("minimax-m2", 1, 1) == {"KS": 2, "CPS": 3, "NS": 3, "SQ": 1}
     assert K.measured("minimax-m2", 2, 1) == {}
+    # v27: items from the stages' counters at TP1's 4-15 tokens only (slower at 3, no gain at 16)
+    dq = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s))["DQ"] for tp in (1, 2) for s in range(1, 17)}
+    assert [s for s in range(1, 17) if dq[1, s]] == list(range(4, 16))
+    assert not any(dq[2, s] for s in range(1, 17))
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["KS"] == 1
     monkeypatch.setattr(K, "_measured_table", lambda: {"tiny": {"tp1": {"w1": {"LL": 0}}}})
@@ -335,7 +339,7 @@ def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "RS=1,A8=3",
-                                  "A8T=4", "DQ=0"])
+                                  "A8T=4", "DQ=1"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
@@ -345,7 +349,7 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
     default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), with
     both stages' accumulators rescaled in place (RS=1, A8=3), on four act terms (A8T=4), and
-    with every CTA's items every BLOCKS-th, not from the stages' counters (DQ=0: v26's schedule)."""
+    with a CTA's items after its first from the stages' counters (DQ=1, TP1's 4-15 tokens)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -398,15 +402,16 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_items_taken_from_counters(monkeypatch):
-    """DQ (the default from v27): after its first item a CTA takes the next ticket of its stage's
-    counter, not every BLOCKS-th item. The interpreter runs CTAs one after another, so on a grid of 7 CTA 0 takes
-    every ticket after the first round: each item must still run exactly once (the counters
-    end at the items' count) and the step match the reference, split K's fix-up included."""
+    """DQ=1 (TP1's 4-15 tokens, configs/triton-measured.toml): after its first item a CTA takes
+    the next ticket of its stage's counter, not every BLOCKS-th item. The interpreter runs CTAs
+    one after another, so on a grid of 7 CTA 0 takes every ticket after the first round: each
+    item must still run exactly once (the counters end at the items' count) and the step match
+    the reference, split K's fix-up included."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import kernel as K
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=1,KS=2")
     S = 3
     r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), torch.tensor([0, -1, 2]), 4, 6)
     g = K.geometry(r.keys[S])

@@ -1355,15 +1355,14 @@ def geometry(key) -> dict:
     a8t = tune.get("A8T", 2)
     if a8t not in (1, 2, 4):
         raise ValueError(f"FFNQ_TRITON_TUNE A8T={a8t}: allowed 1, 2 or 4 fp8 terms")
-    # DQ (v27): a CTA's items after its first taken from a counter per stage (claimed at an item's
+    # DQ: a CTA's items after its first taken from a counter per stage (claimed at an item's
     # start) instead of every BLOCKS-th, so a CTA slowed by its SM's share of the HBM takes fewer
-    # items and the last CTAs of a stage end closer together; widths whose items fit one round
-    # per stage keep their schedule (each CTA's first item stays its own). Dev round 59, TP1 side
-    # by side, p50 us at 1 / 4 / 6 / 8 / 9 / 12 / 16 tokens: 46.2 / 120.4 / 152.2 / 174.0 / 209.2
-    # / 237.5 / 285.7 against 46.2 / 122.8 / 154.7 / 176.0 / 208.1 / 240.4 / 290.0; at 16 tokens
-    # the CTAs' end spread 1.5 us against 7.7, the median CTA's wait for the last stage-2 tiles
-    # 4.4 against 9.0
-    dq = int(bool(tune.get("DQ", 1)))
+    # items and the last CTAs of a stage end closer together (16 tokens, dev round 59: the CTAs'
+    # end spread 1.5 us against 7.7). Widths whose items fit one round per stage keep their
+    # schedule (each CTA's first item stays its own). v27: on at TP1's 4-15 tokens
+    # (configs/triton-measured.toml: 1-2% faster there, 2% slower at 3 tokens, no gain at 16);
+    # TP2, not measured, keeps the every-BLOCKS-th schedule
+    dq = int(bool(tune.get("DQ", 0)))
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
