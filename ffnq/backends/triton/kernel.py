@@ -29,6 +29,8 @@ step does, for one width S:
               block scale is added to the accumulator over the item's K range (KS > 1: the
               last arriver of a tile sums the parts in order);
               act[j] = silu(g)*u*routing weight (fp16 scratch); done1[j] += 1.
+              A CTA runs every BLOCKS-th item, or (DQ) after its first the next free
+              ticket of the stage's counter, in stage 2 alike.
      -- no barrier: a stage-2 item waits for done1[j] == I_R/BN --
   D  stage 2  work items (active expert j, BH-row tile of H): ypart[j]^T = sum_k scale_k (w2 tile_k) @
               act[j]^T (swap AB, fp16 operands), fp32 scratch; done2[tile] += 1.
@@ -585,6 +587,7 @@ def _claim(ctr):
 
 @triton.jit
 def _ticket(r):
+    """The ticket a _claim took (lane 0's; the masked lanes hold 0)."""
     lane = tl.arange(0, 128)
     return tl.max(tl.where(lane == 0, r, 0), axis=0)
 
