@@ -501,8 +501,8 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
     and once with the flagged exchanges (LL=0, CDNA's); ALL again with the seam's partial logits
-    over the live rows (PLR=4); LOCAL with the items from the stages' counters (DQ=1: on at TP1's
-    4-15 tokens, not yet at TP2)."""
+    over the live rows (PLR=4); LOCAL with the items from the stages' counters on a grid of 7,
+    so that most items are taken from them (DQ=1: on at TP1's 4-15 tokens, not yet at TP2)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -516,7 +516,8 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     try:
         peers = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
         full = synthetic(spec, seed=4)
-        rs = [TritonRunner(tp, k, bufs[k].data_ptr(), peers, "cpu", widths=[S], model=spec, experts=experts)
+        cls = TritonRunner.with_grid(7) if "DQ" in tune else TritonRunner
+        rs = [cls(tp, k, bufs[k].data_ptr(), peers, "cpu", widths=[S], model=spec, experts=experts)
               for k in range(tp)]
         g = torch.Generator().manual_seed(9)
         parts = [torch.randn(S, spec.hidden, generator=g).bfloat16() for _ in range(tp)]
@@ -535,6 +536,13 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
             assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
             assert torch.equal(rs[k].view(S, "route").long(), ref.chosen)
             assert (out[1] == 0).all() and rs[k].fault(S) is None and int(rs[k].epoch[0]) == 1
+            if "DQ" in tune:  # every item once, most from the counters
+                from ffnq.backends.triton import kernel as K
+                g = K.geometry(rs[k].keys[S])
+                n_act = int(rs[k].view(S, "meta")[0])
+                n1, n2 = n_act * (g["I_R"] // g["BN"]) * g["KS"], n_act * (g["H"] // g["BH"]) * g["KH"]
+                assert n1 > 7 and n2 > 7
+                assert rs[k].view(S, "sync")[g["QOFF"]:g["QOFF"] + 2].tolist() == [n1, n2]
     finally:
         for b in bufs:
             symm.BUFFERS.pop(b.data_ptr(), None)
