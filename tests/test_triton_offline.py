@@ -337,6 +337,15 @@ def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
     return r, out, res, reference.step([part], resid, slots, full, spec)
 
 
+def _claims_and_items(r, S: int) -> tuple[list, list]:
+    """(DQ) The two stages' counters after a step of width S, and the two stages' item counts."""
+    from ffnq.backends.triton import kernel as K
+    g = K.geometry(r.keys[S])
+    n_act = int(r.view(S, "meta")[0])
+    items = [n_act * (g["I_R"] // g["BN"]) * g["KS"], n_act * (g["H"] // g["BH"]) * g["KH"]]
+    return r.view(S, "sync")[g["QOFF"]:g["QOFF"] + 2].tolist(), items
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "RS=1,A8=3",
                                   "A8T=4", "DQ=1"])
@@ -416,10 +425,8 @@ def test_interpreter_items_taken_from_counters(monkeypatch):
     r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), torch.tensor([0, -1, 2]), 4, 6)
     g = K.geometry(r.keys[S])
     assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7
-    n_act = int(r.view(S, "meta")[0])
-    n1, n2 = n_act * (g["I_R"] // g["BN"]) * g["KS"], n_act * (g["H"] // g["BH"]) * g["KH"]
+    q, (n1, n2) = _claims_and_items(r, S)
     assert n1 > 7 and n2 > 7  # more items than CTAs: the counters are in use
-    q = r.view(S, "sync")[g["QOFF"]:g["QOFF"] + 2].tolist()
     assert q == [n1, n2]  # one claim per item run: every item once
     assert reference.compare(out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] < 1e-2
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
@@ -537,12 +544,9 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
             assert torch.equal(rs[k].view(S, "route").long(), ref.chosen)
             assert (out[1] == 0).all() and rs[k].fault(S) is None and int(rs[k].epoch[0]) == 1
             if "DQ" in tune:  # every item once, most from the counters
-                from ffnq.backends.triton import kernel as K
-                g = K.geometry(rs[k].keys[S])
-                n_act = int(rs[k].view(S, "meta")[0])
-                n1, n2 = n_act * (g["I_R"] // g["BN"]) * g["KS"], n_act * (g["H"] // g["BH"]) * g["KH"]
+                q, (n1, n2) = _claims_and_items(rs[k], S)
                 assert n1 > 7 and n2 > 7
-                assert rs[k].view(S, "sync")[g["QOFF"]:g["QOFF"] + 2].tolist() == [n1, n2]
+                assert q == [n1, n2]
     finally:
         for b in bufs:
             symm.BUFFERS.pop(b.data_ptr(), None)

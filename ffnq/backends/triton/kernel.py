@@ -576,20 +576,29 @@ def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constex
 
 
 @triton.jit
-def _claim(ctr):
-    """Take the next ticket of the work counter *ctr without a CTA barrier: one thread's atomic,
-    as a [128] tensor (a scalar atomic is broadcast through shared memory behind a barrier, which
-    would stall here). Issued at an item's start, read (_ticket) at its end: the latency hides
-    behind the item's loads."""
-    lane = tl.arange(0, 128)
-    return tl.atomic_add(ctr + lane * 0, tl.where(lane == 0, 1, 0), mask=lane == 0, sem="relaxed", scope="gpu")
+def _claim(ctr, DQ: tl.constexpr):
+    """(DQ) Take the next ticket of the work counter *ctr without a CTA barrier: one thread's
+    atomic, as a [128] tensor (a scalar atomic is broadcast through shared memory behind a
+    barrier, which would stall here). Issued at an item's start, read (_next_item) at its end:
+    the latency hides behind the item's loads. Without DQ: nothing (a placeholder)."""
+    r = 0
+    if DQ:
+        lane = tl.arange(0, 128)
+        r = tl.atomic_add(ctr + lane * 0, tl.where(lane == 0, 1, 0), mask=lane == 0, sem="relaxed", scope="gpu")
+    return r
 
 
 @triton.jit
-def _ticket(r):
-    """The ticket a _claim took (lane 0's; the masked lanes hold 0)."""
-    lane = tl.arange(0, 128)
-    return tl.max(tl.where(lane == 0, r, 0), axis=0)
+def _next_item(w, claimed, first, BLOCKS: tl.constexpr, DQ: tl.constexpr):
+    """A CTA's next item of a stage whose items are numbered from ``first``: every BLOCKS-th, or
+    (DQ) the ticket _claim took (lane 0's; the masked lanes hold 0), counted after each CTA's own
+    first item."""
+    if DQ:
+        lane = tl.arange(0, 128)
+        w = first + BLOCKS + tl.max(tl.where(lane == 0, claimed, 0), axis=0)
+    else:
+        w += BLOCKS
+    return w
 
 
 @triton.jit
@@ -923,8 +932,7 @@ def ffn_kernel(
             go = nn[:, None] * SP + rq[None, :]
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             while w < n_items:
-                if DQ:  # the next item: whichever ticket is free now (see DQ in geometry)
-                    nxt = _claim(sync + QOFF)
+                nxt = _claim(sync + QOFF, DQ)  # DQ: whichever ticket is free now (see geometry)
                 jt = w // KS
                 kb = (w % KS) * KSTEP
                 j = jt // NT
@@ -997,10 +1005,7 @@ def ffn_kernel(
                         tl.store(act + (j * SP + rq[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
                     tl.debug_barrier()
                     tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
-                if DQ:
-                    w = BLOCKS + _ticket(nxt)
-                else:
-                    w += BLOCKS
+                w = _next_item(w, nxt, 0, BLOCKS, DQ)
         _stamp(sub_row, 3, IS_HIP, INTERP, TIMELINE)
     # no grid barrier: a stage-2 item waits for its own expert's NT tiles only
 
@@ -1031,8 +1036,7 @@ def ffn_kernel(
             # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
             # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
             while w < n1 + n_act * (NHT * KH):
-                if DQ:
-                    nxt = _claim(sync + QOFF + 1)
+                nxt = _claim(sync + QOFF + 1, DQ)
                 j = (w - n1) // (NHT * KH)
                 t = (w - n1) % (NHT * KH) // KH
                 kh = (w - n1) % KH
@@ -1090,10 +1094,7 @@ def ffn_kernel(
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
-                if DQ:  # stage-2 tickets count from n1 + BLOCKS: each CTA's first item is its own
-                    w = n1 + BLOCKS + _ticket(nxt)
-                else:
-                    w += BLOCKS
+                w = _next_item(w, nxt, n1, BLOCKS, DQ)  # stage-2 items are numbered from n1
             _stamp(sub_row, 5, IS_HIP, INTERP, TIMELINE)
     # no grid barrier: the sum of a chunk waits for its own H tiles only
 
