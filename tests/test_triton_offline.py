@@ -157,6 +157,12 @@ def test_fp8_stage_two_on_nvidia(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "A8T=3")
     with pytest.raises(ValueError, match="A8T=3: allowed 1, 2 or 4"):
         K.geometry(keys[1])
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=3")
+    with pytest.raises(ValueError, match=r"DQ=3: allowed 0 \(every BLOCKS-th item\), 1"):
+        K.geometry(keys[1])
+    # DQ=2 carries each CTA's claimed stage-2 item between staged launches: a second meta word per CTA
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=2")
+    assert scratch_layout(keys[8], K.scratch_extra(keys[8]))["meta"].nbytes == 2 * 4 * keys[8].blocks
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "F8=0")
     assert K.geometry(keys[1])["A8"] == 0
 
@@ -410,24 +416,28 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-def test_interpreter_items_taken_from_counters(monkeypatch):
+@pytest.mark.parametrize("dq", [1, 2])
+def test_interpreter_items_taken_from_counters(dq, monkeypatch):
     """DQ=1 (TP1's 4-15 tokens, configs/triton-measured.toml): after its first item a CTA takes
-    the next ticket of its stage's counter, not every BLOCKS-th item. The interpreter runs CTAs
-    one after another, so on a grid of 7 CTA 0 takes every ticket after the first round: each
-    item must still run exactly once (the counters end at the items' count) and the step match
-    the reference, split K's fix-up included."""
+    the next ticket of its stage's counter, not every BLOCKS-th item; DQ=2: of one counter for
+    both stages, a CTA's first stage-2 item the one its last stage-1 claim took (carried from
+    the stage-1 launch to the stage-2 launch here). The interpreter runs CTAs one after another,
+    so on a grid of 7 CTA 0 takes every ticket after the first round: each item must still run
+    exactly once (the counters end at the items' count) and the step match the reference, split
+    K's fix-up included."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import kernel as K
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=1,KS=2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", f"DQ={dq},KS=2")
     S = 3
     r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), torch.tensor([0, -1, 2]), 4, 6)
     g = K.geometry(r.keys[S])
-    assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7
+    assert g["DQ"] == dq and g["KS"] == 2 and g["BLOCKS"] == 7
     q, (n1, n2) = _claims_and_items(r, S)
     assert n1 > 7 and n2 > 7  # more items than CTAs: the counters are in use
-    assert q == [n1, n2]  # one claim per item run: every item once
+    # one claim per item run: every item once
+    assert q == ([n1, n2] if dq == 1 else [n1 + n2, 0])
     assert reference.compare(out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] < 1e-2
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
     assert torch.equal(r.view(S, "route").long(), ref.chosen)
@@ -503,13 +513,14 @@ def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
                                           (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1"), (Experts.ALL, "PLR=4"),
-                                          (Experts.LOCAL, "DQ=1")])
+                                          (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=2")])
 def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
     and once with the flagged exchanges (LL=0, CDNA's); ALL again with the seam's partial logits
     over the live rows (PLR=4); LOCAL with the items from the stages' counters on a grid of 7,
-    so that most items are taken from them (DQ=1: on at TP1's 4-15 tokens, not yet at TP2)."""
+    so that most items are taken from them (DQ=1: on at TP1's 4-15 tokens, not yet at TP2), and
+    ALL so with one counter for both stages (DQ=2)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -546,7 +557,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
             if "DQ" in tune:  # every item once, most from the counters
                 q, (n1, n2) = _claims_and_items(rs[k], S)
                 assert n1 > 7 and n2 > 7
-                assert q == [n1, n2]
+                assert q == ([n1, n2] if "DQ=1" in tune else [n1 + n2, 0])
     finally:
         for b in bufs:
             symm.BUFFERS.pop(b.data_ptr(), None)

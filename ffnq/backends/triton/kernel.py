@@ -30,7 +30,8 @@ step does, for one width S:
               last arriver of a tile sums the parts in order);
               act[j] = silu(g)*u*routing weight (fp16 scratch); done1[j] += 1.
               A CTA runs every BLOCKS-th item, or (DQ) after its first the next free
-              ticket of the stage's counter, in stage 2 alike.
+              ticket of the stage's counter, in stage 2 alike (DQ=2: one counter, stage 2's
+              items after stage 1's).
      -- no barrier: a stage-2 item waits for done1[j] == I_R/BN --
   D  stage 2  work items (active expert j, BH-row tile of H): ypart[j]^T = sum_k scale_k (w2 tile_k) @
               act[j]^T (swap AB, fp16 operands), fp32 scratch; done2[tile] += 1.
@@ -592,10 +593,11 @@ def _claim(ctr, DQ: tl.constexpr):
 def _next_item(w, claimed, first, BLOCKS: tl.constexpr, DQ: tl.constexpr):
     """A CTA's next item of a stage whose items are numbered from ``first``: every BLOCKS-th, or
     (DQ) the ticket _claim took (lane 0's; the masked lanes hold 0), counted after each CTA's own
-    first item."""
+    first item. DQ=2: one counter for both stages, whose items are numbered on from stage 1's
+    (``first`` is not used)."""
     if DQ:
         lane = tl.arange(0, 128)
-        w = first + BLOCKS + tl.max(tl.where(lane == 0, claimed, 0), axis=0)
+        w = (first if DQ == 1 else 0) + BLOCKS + tl.max(tl.where(lane == 0, claimed, 0), axis=0)
     else:
         w += BLOCKS
     return w
@@ -1006,6 +1008,8 @@ def ffn_kernel(
                     tl.debug_barrier()
                     tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
                 w = _next_item(w, nxt, 0, BLOCKS, DQ)
+            if (DQ == 2) & (STAGE == 3):  # the stage-2 item its last claim took, for the next launch
+                tl.store(meta + BLOCKS + pid, w)
         _stamp(sub_row, 3, IS_HIP, INTERP, TIMELINE)
     # no grid barrier: a stage-2 item waits for its own expert's NT tiles only
 
@@ -1029,14 +1033,20 @@ def ffn_kernel(
                 c8 = tl.arange(0, A8T * SQ2)
                 tw8 = tl.exp2((c8 // SQ2) * -4.0)  # term t counts 16^-t
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
-            w = pid
-            if w < n1:
-                w += ((n1 - w + BLOCKS - 1) // BLOCKS) * BLOCKS
+            if DQ == 2:
+                # one queue for both stages: the item stage 1's last claim took (or pid), so the
+                # CTAs free first take the first experts' stage-2 items, whose tiles are done first
+                if STAGE == 4:
+                    w = tl.load(meta + BLOCKS + pid)
+            else:
+                w = pid
+                if w < n1:
+                    w += ((n1 - w + BLOCKS - 1) // BLOCKS) * BLOCKS
             w0 = w
             # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
             # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
             while w < n1 + n_act * (NHT * KH):
-                nxt = _claim(sync + QOFF + 1, DQ)
+                nxt = _claim(sync + QOFF + DQ % 2, DQ)  # DQ=2: stage 1's counter
                 j = (w - n1) // (NHT * KH)
                 t = (w - n1) % (NHT * KH) // KH
                 kh = (w - n1) % KH
@@ -1366,7 +1376,15 @@ def geometry(key) -> dict:
     # schedule (each CTA's first item stays its own). v27: on at TP1's 4-15 tokens
     # (configs/triton-measured.toml: 1-2% faster there, 2% slower at 3 tokens, no gain at 16);
     # TP2, not measured, keeps the every-BLOCKS-th schedule
-    dq = int(bool(tune.get("DQ", 0)))
+    # DQ=2: one counter for both stages (stage 2's items numbered after stage 1's), so a CTA's
+    # first stage-2 item is the next free one when it leaves stage 1, not its own every-BLOCKS-th:
+    # the CTAs free first take the first slots' stage-2 items, whose tiles (claimed first) are
+    # done first; with more K parts at one or two tokens, stage 1 in two rounds then overlaps
+    # stage 2 of the first round's experts
+    dq = tune.get("DQ", 0)
+    if dq not in (0, 1, 2):
+        raise ValueError(f"FFNQ_TRITON_TUNE DQ={dq}: allowed 0 (every BLOCKS-th item), 1 (a counter per "
+                         f"stage) or 2 (one counter for both stages)")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
@@ -1375,7 +1393,7 @@ def geometry(key) -> dict:
                  SQ2=min(16, max(_p2(key.tokens), 4)))
     nsl, nht = max(1, nslot), H // bh
     qoff = nsl + nht + (nsl * nt if ks > 1 else 0)
-    nsync = qoff + 2 * dq
+    nsync = qoff + 2 * (dq > 0)
     seg = -(-nsync // blocks)
     # NSS: the pipeline depth at up to 4 tokens, where SQ=4 leaves shared memory for more stages
     ns = tune.get("NSS", NUM_STAGES_EXPERTS) if sq <= 4 else NUM_STAGES_EXPERTS
@@ -1393,7 +1411,7 @@ def scratch_extra(key) -> list:
     g = geometry(key)
     S, H = key.tokens, g["H"]
     out = [("h", torch.float32, (S, H)), ("x", torch.float16, (2, S, H)), ("ssq", torch.float32, (g["NCH"], 16)),
-           ("logits", torch.float32, (16, g["E"])), ("meta", torch.int32, (key.blocks,)),
+           ("logits", torch.float32, (16, g["E"])), ("meta", torch.int32, (key.blocks * (2 if g["DQ"] == 2 else 1),)),
            ("wtab", torch.float32, (key.blocks, g["EP2"], 16)),
            ("plog", torch.float32, (g["NCH"], S, g["EP2"])), ("ecta", torch.int32, (key.blocks, g["EP2"])),
            ("sub", torch.int64, (key.blocks, 16)), ("sync", torch.int32, (g["NSYNC"],)),
