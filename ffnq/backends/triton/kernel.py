@@ -1046,7 +1046,8 @@ def ffn_kernel(
             # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
             # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
             while w < n1 + n_act * (NHT * KH):
-                nxt = _claim(sync + QOFF + DQ % 2, DQ)  # DQ=2: stage 1's counter
+                if DQ != 2:
+                    nxt = _claim(sync + QOFF + 1, DQ)
                 j = (w - n1) // (NHT * KH)
                 t = (w - n1) % (NHT * KH) // KH
                 kh = (w - n1) % KH
@@ -1058,6 +1059,10 @@ def ffn_kernel(
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
                 _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
+                if DQ == 2:
+                    # stage 1's counter, claimed once the item's tiles are in: a CTA waiting for
+                    # them (one with no stage-1 item waits from the router on) holds no next item
+                    nxt = _claim(sync + QOFF, DQ)
                 if A8:
                     a8 = (_as(scratch, SC_ACT8, tl.float8e4nv)
                           + ((j * 4 + c8 // SQ2) * SP + c8 % SQ2)[None, :].to(tl.int64) * I_R + kn[:, None])
