@@ -149,7 +149,7 @@ def test_fp8_stage_two_on_nvidia(monkeypatch):
     assert offline.constexprs_for(keys[1], False)["A8"] == 2 and offline.constexprs_for(keys[1], True)["A8"] == 0
     g = K.geometry(keys[8])
     lay = scratch_layout(keys[8], K.scratch_extra(keys[8]))
-    assert lay["act8"].nbytes == g["NSLOT"] * 4 * 16 * g["I_R"]
+    assert lay["act8"].nbytes == g["NSLOT"] * g["A8T"] * 16 * g["I_R"]  # the terms written, two by default
     assert lay["ascale"].nbytes == 4 * g["NSLOT"] * g["I_R"] // g["BN"]
     assert "act" in lay  # CDNA's fp16 act, where a build keeps A8 but the target turns it off
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "A8@16=0,A8T@8=4")

@@ -998,7 +998,7 @@ def ffn_kernel(
                         a8 = _as(scratch, SC_ACT8, tl.float8e4nv) + r1[:, None]
                         for q in tl.static_range(A8T):
                             aq = _fp8(ar, INTERP)
-                            tl.store(a8 + ((j * 4 + q) * SP + rq[None, :]).to(tl.int64) * I_R, aq)
+                            tl.store(a8 + ((j * A8T + q) * SP + rq[None, :]).to(tl.int64) * I_R, aq)
                             ar = (ar - aq.to(tl.float32)) * 16.0
                         if A8 == 3:  # an all-zero tile: scale 0, so stage 2 keeps its unit there
                             amax = tl.where(araw > 0.0, amax, 0.0)
@@ -1065,7 +1065,7 @@ def ffn_kernel(
                     nxt = _claim(sync + QOFF, DQ)
                 if A8:
                     a8 = (_as(scratch, SC_ACT8, tl.float8e4nv)
-                          + ((j * 4 + c8 // SQ2) * SP + c8 % SQ2)[None, :].to(tl.int64) * I_R + kn[:, None])
+                          + ((j * A8T + c8 // SQ2) * SP + c8 % SQ2)[None, :].to(tl.int64) * I_R + kn[:, None])
                     asc = _as(scratch, SC_ASC, tl.float32) + j * NT
                 if TIMELINE:
                     if w == w0:
@@ -1425,8 +1425,8 @@ def scratch_extra(key) -> list:
     if g["NSLOT"]:
         # act: fp16 (CDNA keeps it where a tune asks for A8: constexprs turns A8 off there)
         out.append(("act", torch.float16, (g["NSLOT"], 16, g["I_R"])))
-        if g["A8"]:  # four fp8 terms x 16 token rows per slot, a scale per stage-1 tile
-            out.append(("act8", torch.uint8, (g["NSLOT"], 4, 16, g["I_R"])))
+        if g["A8"]:  # A8T fp8 terms x 16 token rows per slot, a scale per stage-1 tile
+            out.append(("act8", torch.uint8, (g["NSLOT"], g["A8T"], 16, g["I_R"])))
             out.append(("ascale", torch.float32, (g["NSLOT"], g["I_R"] // g["BN"])))
         out.append(("ypart", torch.float32, (g["NSLOT"] * g["KH"], S, H)))
         if g["KS"] > 1:
