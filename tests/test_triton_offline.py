@@ -101,9 +101,10 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert [K.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
     assert K.measured("minimax-m2", 1, 1) == {"KS": 2, "CPS": 3, "NS": 3, "SQ": 1}
     assert K.measured("minimax-m2", 2, 1) == {}
-    # v27: items from the stages' counters at TP1's 4-15 tokens only (slower at 3, no gain at 16)
+    # v28: items from one counter at TP1's 4-16 tokens only (v27's per-stage counters were slower
+    # at 3 tokens; one counter gains nothing at 1-3)
     dq = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s))["DQ"] for tp in (1, 2) for s in range(1, 17)}
-    assert [s for s in range(1, 17) if dq[1, s]] == list(range(4, 16))
+    assert [s for s in range(1, 17) if dq[1, s]] == list(range(4, 17))
     assert not any(dq[2, s] for s in range(1, 17))
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["KS"] == 1
@@ -157,11 +158,11 @@ def test_fp8_stage_two_on_nvidia(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "A8T=3")
     with pytest.raises(ValueError, match="A8T=3: allowed 1, 2 or 4"):
         K.geometry(keys[1])
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=3")
-    with pytest.raises(ValueError, match=r"DQ=3: allowed 0 \(every BLOCKS-th item\), 1"):
-        K.geometry(keys[1])
-    # DQ=2 carries each CTA's claimed stage-2 item between staged launches: a second meta word per CTA
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=2")
+    with pytest.raises(ValueError, match=r"DQ=2: allowed 0 \(every BLOCKS-th item\) or 1"):
+        K.geometry(keys[1])
+    # DQ carries each CTA's claimed stage-2 item between staged launches: a second meta word per CTA
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=1")
     assert scratch_layout(keys[8], K.scratch_extra(keys[8]))["meta"].nbytes == 2 * 4 * keys[8].blocks
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "F8=0")
     assert K.geometry(keys[1])["A8"] == 0
@@ -343,13 +344,13 @@ def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
     return r, out, res, reference.step([part], resid, slots, full, spec)
 
 
-def _claims_and_items(r, S: int) -> tuple[list, list]:
-    """(DQ) The two stages' counters after a step of width S, and the two stages' item counts."""
+def _claims_and_items(r, S: int) -> tuple[int, list]:
+    """(DQ) The work counter after a step of width S, and the two stages' item counts."""
     from ffnq.backends.triton import kernel as K
     g = K.geometry(r.keys[S])
     n_act = int(r.view(S, "meta")[0])
     items = [n_act * (g["I_R"] // g["BN"]) * g["KS"], n_act * (g["H"] // g["BH"]) * g["KH"]]
-    return r.view(S, "sync")[g["QOFF"]:g["QOFF"] + 2].tolist(), items
+    return int(r.view(S, "sync")[g["QOFF"]]), items
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
@@ -364,7 +365,7 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
     default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), with
     both stages' accumulators rescaled in place (RS=1, A8=3), on four act terms (A8T=4), and
-    with a CTA's items after its first from the stages' counters (DQ=1, TP1's 4-15 tokens)."""
+    with a CTA's items after its first from one counter (DQ=1, TP1's 4-16 tokens)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -416,28 +417,25 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("dq", [1, 2])
-def test_interpreter_items_taken_from_counters(dq, monkeypatch):
-    """DQ=1 (TP1's 4-15 tokens, configs/triton-measured.toml): after its first item a CTA takes
-    the next ticket of its stage's counter, not every BLOCKS-th item; DQ=2: of one counter for
-    both stages, a CTA's first stage-2 item the one its last stage-1 claim took (carried from
-    the stage-1 launch to the stage-2 launch here). The interpreter runs CTAs one after another,
-    so on a grid of 7 CTA 0 takes every ticket after the first round: each item must still run
-    exactly once (the counters end at the items' count) and the step match the reference, split
-    K's fix-up included."""
+def test_interpreter_items_taken_from_counters(monkeypatch):
+    """DQ=1 (TP1's 4-16 tokens, configs/triton-measured.toml): after its first item a CTA takes
+    the next ticket of one counter for both stages, not every BLOCKS-th item; its first stage-2
+    item is the one its last stage-1 claim took (carried from the stage-1 launch to the stage-2
+    launch here). The interpreter runs CTAs one after another, so on a grid of 7 CTA 0 takes
+    every ticket after the first round: each item must still run exactly once (the counter ends
+    at the items' count) and the step match the reference, split K's fix-up included."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import kernel as K
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", f"DQ={dq},KS=2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=1,KS=2")
     S = 3
     r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), torch.tensor([0, -1, 2]), 4, 6)
     g = K.geometry(r.keys[S])
-    assert g["DQ"] == dq and g["KS"] == 2 and g["BLOCKS"] == 7
+    assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7
     q, (n1, n2) = _claims_and_items(r, S)
-    assert n1 > 7 and n2 > 7  # more items than CTAs: the counters are in use
-    # one claim per item run: every item once
-    assert q == ([n1, n2] if dq == 1 else [n1 + n2, 0])
+    assert n1 > 7 and n2 > 7  # more items than CTAs: the counter is in use
+    assert q == n1 + n2  # one claim per item run: every item once
     assert reference.compare(out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] < 1e-2
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
     assert torch.equal(r.view(S, "route").long(), ref.chosen)
@@ -513,14 +511,14 @@ def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
                                           (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1"), (Experts.ALL, "PLR=4"),
-                                          (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=2")])
+                                          (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=1")])
 def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
     and once with the flagged exchanges (LL=0, CDNA's); ALL again with the seam's partial logits
-    over the live rows (PLR=4); LOCAL with the items from the stages' counters on a grid of 7,
-    so that most items are taken from them (DQ=1: on at TP1's 4-15 tokens, not yet at TP2), and
-    ALL so with one counter for both stages (DQ=2)."""
+    over the live rows (PLR=4); with the items from one counter on a grid of 7,
+    so that most items are taken from them, LOCAL and ALL (DQ=1: on at TP1's 4-16 tokens, not
+    yet at TP2)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -557,7 +555,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
             if "DQ" in tune:  # every item once, most from the counters
                 q, (n1, n2) = _claims_and_items(rs[k], S)
                 assert n1 > 7 and n2 > 7
-                assert q == ([n1, n2] if "DQ=1" in tune else [n1 + n2, 0])
+                assert q == n1 + n2
     finally:
         for b in bufs:
             symm.BUFFERS.pop(b.data_ptr(), None)

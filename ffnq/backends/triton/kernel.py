@@ -30,8 +30,7 @@ step does, for one width S:
               last arriver of a tile sums the parts in order);
               act[j] = silu(g)*u*routing weight (fp16 scratch); done1[j] += 1.
               A CTA runs every BLOCKS-th item, or (DQ) after its first the next free
-              ticket of the stage's counter, in stage 2 alike (DQ=2: one counter, stage 2's
-              items after stage 1's).
+              ticket of one counter for both stages (stage 2's items numbered after stage 1's).
      -- no barrier: a stage-2 item waits for done1[j] == I_R/BN --
   D  stage 2  work items (active expert j, BH-row tile of H): ypart[j]^T = sum_k scale_k (w2 tile_k) @
               act[j]^T (swap AB, fp16 operands), fp32 scratch; done2[tile] += 1.
@@ -590,14 +589,13 @@ def _claim(ctr, DQ: tl.constexpr):
 
 
 @triton.jit
-def _next_item(w, claimed, first, BLOCKS: tl.constexpr, DQ: tl.constexpr):
-    """A CTA's next item of a stage whose items are numbered from ``first``: every BLOCKS-th, or
-    (DQ) the ticket _claim took (lane 0's; the masked lanes hold 0), counted after each CTA's own
-    first item. DQ=2: one counter for both stages, whose items are numbered on from stage 1's
-    (``first`` is not used)."""
+def _next_item(w, claimed, BLOCKS: tl.constexpr, DQ: tl.constexpr):
+    """A CTA's next item: every BLOCKS-th, or (DQ) the ticket _claim took (lane 0's; the masked
+    lanes hold 0), counted after each CTA's own first item; the items of both stages are
+    numbered in one sequence, stage 2's after stage 1's."""
     if DQ:
         lane = tl.arange(0, 128)
-        w = (first if DQ == 1 else 0) + BLOCKS + tl.max(tl.where(lane == 0, claimed, 0), axis=0)
+        w = BLOCKS + tl.max(tl.where(lane == 0, claimed, 0), axis=0)
     else:
         w += BLOCKS
     return w
@@ -1007,8 +1005,8 @@ def ffn_kernel(
                         tl.store(act + (j * SP + rq[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
                     tl.debug_barrier()
                     tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
-                w = _next_item(w, nxt, 0, BLOCKS, DQ)
-            if (DQ == 2) & (STAGE == 3):  # the stage-2 item its last claim took, for the next launch
+                w = _next_item(w, nxt, BLOCKS, DQ)
+            if DQ & (STAGE == 3):  # the stage-2 item its last claim took, for the next launch
                 tl.store(meta + BLOCKS + pid, w)
         _stamp(sub_row, 3, IS_HIP, INTERP, TIMELINE)
     # no grid barrier: a stage-2 item waits for its own expert's NT tiles only
@@ -1033,7 +1031,7 @@ def ffn_kernel(
                 c8 = tl.arange(0, A8T * SQ2)
                 tw8 = tl.exp2((c8 // SQ2) * -4.0)  # term t counts 16^-t
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
-            if DQ == 2:
+            if DQ:
                 # one queue for both stages: the item stage 1's last claim took (or pid), so the
                 # CTAs free first take the first experts' stage-2 items, whose tiles are done first
                 if STAGE == 4:
@@ -1046,8 +1044,6 @@ def ffn_kernel(
             # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
             # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
             while w < n1 + n_act * (NHT * KH):
-                if DQ != 2:
-                    nxt = _claim(sync + QOFF + 1, DQ)
                 j = (w - n1) // (NHT * KH)
                 t = (w - n1) % (NHT * KH) // KH
                 kh = (w - n1) % KH
@@ -1059,10 +1055,9 @@ def ffn_kernel(
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
                 _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
-                if DQ == 2:
-                    # stage 1's counter, claimed once the item's tiles are in: a CTA waiting for
-                    # them (one with no stage-1 item waits from the router on) holds no next item
-                    nxt = _claim(sync + QOFF, DQ)
+                # claimed once the item's tiles are in: a CTA waiting for them (one with no
+                # stage-1 item waits from the router on) holds no next item meanwhile
+                nxt = _claim(sync + QOFF, DQ)
                 if A8:
                     a8 = (_as(scratch, SC_ACT8, tl.float8e4nv)
                           + ((j * A8T + c8 // SQ2) * SP + c8 % SQ2)[None, :].to(tl.int64) * I_R + kn[:, None])
@@ -1109,7 +1104,7 @@ def ffn_kernel(
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
-                w = _next_item(w, nxt, n1, BLOCKS, DQ)  # stage-2 items are numbered from n1
+                w = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
             _stamp(sub_row, 5, IS_HIP, INTERP, TIMELINE)
     # no grid barrier: the sum of a chunk waits for its own H tiles only
 
@@ -1374,22 +1369,18 @@ def geometry(key) -> dict:
     a8t = tune.get("A8T", 2)
     if a8t not in (1, 2, 4):
         raise ValueError(f"FFNQ_TRITON_TUNE A8T={a8t}: allowed 1, 2 or 4 fp8 terms")
-    # DQ: a CTA's items after its first taken from a counter per stage (claimed at an item's
-    # start) instead of every BLOCKS-th, so a CTA slowed by its SM's share of the HBM takes fewer
-    # items and the last CTAs of a stage end closer together (16 tokens, dev round 59: the CTAs'
-    # end spread 1.5 us against 7.7). Widths whose items fit one round per stage keep their
-    # schedule (each CTA's first item stays its own). v27: on at TP1's 4-15 tokens
-    # (configs/triton-measured.toml: 1-2% faster there, 2% slower at 3 tokens, no gain at 16);
+    # DQ: a CTA's items after its first taken from one counter for both stages (stage 2's items
+    # numbered after stage 1's; a ticket claimed at a stage-1 item's start, at a stage-2 item's
+    # once its tiles are in) instead of every BLOCKS-th: a CTA slowed by its SM's share of the HBM
+    # takes fewer items, and the CTAs leaving stage 1 first take the first slots' stage-2 items,
+    # whose tiles were claimed first. v27 had a counter per stage (each CTA's first stage-2 item
+    # its own every-BLOCKS-th): 1-3% faster at TP1's 4-14 tokens, no gain at 16. v28, one counter
+    # (dev rounds 62-63, named DQ=2 there): the same as v27's at 4-14 tokens, 2.3% faster at 16
+    # (configs/triton-measured.toml); no gain at 1-3 tokens, where a stage's items fit one round.
     # TP2, not measured, keeps the every-BLOCKS-th schedule
-    # DQ=2: one counter for both stages (stage 2's items numbered after stage 1's), so a CTA's
-    # first stage-2 item is the next free one when it leaves stage 1, not its own every-BLOCKS-th:
-    # the CTAs free first take the first slots' stage-2 items, whose tiles (claimed first) are
-    # done first; with more K parts at one or two tokens, stage 1 in two rounds then overlaps
-    # stage 2 of the first round's experts
     dq = tune.get("DQ", 0)
-    if dq not in (0, 1, 2):
-        raise ValueError(f"FFNQ_TRITON_TUNE DQ={dq}: allowed 0 (every BLOCKS-th item), 1 (a counter per "
-                         f"stage) or 2 (one counter for both stages)")
+    if dq not in (0, 1):
+        raise ValueError(f"FFNQ_TRITON_TUNE DQ={dq}: allowed 0 (every BLOCKS-th item) or 1 (one counter)")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
@@ -1398,7 +1389,7 @@ def geometry(key) -> dict:
                  SQ2=min(16, max(_p2(key.tokens), 4)))
     nsl, nht = max(1, nslot), H // bh
     qoff = nsl + nht + (nsl * nt if ks > 1 else 0)
-    nsync = qoff + 2 * (dq > 0)
+    nsync = qoff + dq
     seg = -(-nsync // blocks)
     # NSS: the pipeline depth at up to 4 tokens, where SQ=4 leaves shared memory for more stages
     ns = tune.get("NSS", NUM_STAGES_EXPERTS) if sq <= 4 else NUM_STAGES_EXPERTS
@@ -1416,7 +1407,7 @@ def scratch_extra(key) -> list:
     g = geometry(key)
     S, H = key.tokens, g["H"]
     out = [("h", torch.float32, (S, H)), ("x", torch.float16, (2, S, H)), ("ssq", torch.float32, (g["NCH"], 16)),
-           ("logits", torch.float32, (16, g["E"])), ("meta", torch.int32, (key.blocks * (2 if g["DQ"] == 2 else 1),)),
+           ("logits", torch.float32, (16, g["E"])), ("meta", torch.int32, (key.blocks * (1 + g["DQ"]),)),
            ("wtab", torch.float32, (key.blocks, g["EP2"], 16)),
            ("plog", torch.float32, (g["NCH"], S, g["EP2"])), ("ecta", torch.int32, (key.blocks, g["EP2"])),
            ("sub", torch.int64, (key.blocks, 16)), ("sync", torch.int32, (g["NSYNC"],)),
