@@ -1,0 +1,32 @@
+#!/bin/bash
+# Two commits' kernels side by side on one machine: FFNQ_COMMIT=<this tree's commit>
+# scripts/ab_bench.sh OTHER [ROUNDS] benches this tree and commit OTHER (from this copy's .git,
+# unpacked under /tmp) alternately, ROUNDS times each (default 2), TP ${TP:-1} minimax-m2 at
+# ${WIDTHS:-1-16}, one `ffnq bench` per run (floor and baseline (b) in each). Each run's report
+# names its own commit. Reports in $OUT/ab-reports.tgz, log in $OUT/ab.log.
+set -o pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/commit_guard.sh"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+OTHER=$(git rev-parse --verify "${1:?usage: scripts/ab_bench.sh OTHER_COMMIT [ROUNDS]}^{commit}") || exit 2
+HERE=$PWD OUT=${OUT:-/tmp/ffnq-out} TP=${TP:-1} R=$PWD/reports-ab B=/tmp/ab-$OTHER
+mkdir -p "$OUT" "$R" "$B"
+{
+nvidia-smi -L
+echo "this tree ${FFNQ_COMMIT:-?} against $OTHER, tp=$TP widths=${WIDTHS:-1-16} rounds=${2:-2}"
+git archive "$OTHER" | tar x -C "$B"
+for d in "$HERE" "$B"; do  # both commits' builds into Triton's cache, in parallel
+  (cd "$d" && PYTHONPATH=$d python3 -m ffnq.backends.triton.offline --target sm_90 --final both \
+     --model minimax-m2 --tp "$TP" --jobs 7 | tail -n 1) &
+done
+wait
+for i in $(seq "${2:-2}"); do
+  for d in "$HERE" "$B"; do
+    c=$([ "$d" = "$HERE" ] && echo "${FFNQ_COMMIT:-}" || echo "$OTHER")
+    echo "=== round $i: $c"
+    (cd "$d" && PYTHONPATH=$d FFNQ_COMMIT=$c timeout -k 5 200 python3 -m ffnq.cli bench --backend triton \
+       --model minimax-m2 --tp "$TP" --widths "${WIDTHS:-1-16}" --rep-ms 200 --out "$R" 2>&1 | tail -n 22)
+    tar czf "$OUT/ab-reports.tgz" -C "$HERE" reports-ab
+  done
+done
+} 2>&1 | tee "$OUT/ab.log"
