@@ -516,9 +516,8 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
     and once with the flagged exchanges (LL=0, CDNA's); ALL again with the seam's partial logits
-    over the live rows (PLR=4); with the items from one counter on a grid of 7,
-    so that most items are taken from them, LOCAL and ALL (DQ=1: on at TP1's 4-15 tokens, not
-    yet at TP2)."""
+    over the live rows (PLR=4); LOCAL and ALL with the items from one counter on a grid of 7, so
+    that most items are taken from it (DQ=1: on at TP1's 4-15 tokens, not yet at TP2)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -552,7 +551,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
             assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
             assert torch.equal(rs[k].view(S, "route").long(), ref.chosen)
             assert (out[1] == 0).all() and rs[k].fault(S) is None and int(rs[k].epoch[0]) == 1
-            if "DQ" in tune:  # every item once, most from the counters
+            if "DQ" in tune:  # every item once, most from the counter
                 q, (n1, n2) = _claims_and_items(rs[k], S)
                 assert n1 > 7 and n2 > 7
                 assert q == n1 + n2
