@@ -8,7 +8,9 @@ set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 . "$(dirname "$0")/commit_guard.sh"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-OTHER=$(git rev-parse --verify "${1:?usage: scripts/ab_bench.sh OTHER_COMMIT [ROUNDS]}^{commit}") || exit 2
+[ -n "${1:-}" ] || { echo "usage: scripts/ab_bench.sh OTHER_COMMIT [ROUNDS]"; exit 2; }
+OTHER=$(git rev-parse --verify --quiet "$1^{commit}") || { echo "ab_bench.sh: $1 is not a commit this copy's .git holds"; exit 2; }
+[[ "${2:-2}" =~ ^[1-9][0-9]*$ ]] || { echo "ab_bench.sh: ROUNDS=$2, allowed: a whole number >= 1"; exit 2; }
 HERE=$PWD OUT=${OUT:-/tmp/ffnq-out} TP=${TP:-1} R=$PWD/reports-ab B=/tmp/ab-$OTHER
 mkdir -p "$OUT" "$R" "$B"
 {

@@ -1,0 +1,20 @@
+"""scripts/ab_bench.sh: its bad arguments are named, exit 2, before anything is written."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ab_bench.sh"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+@pytest.mark.parametrize("args,message", [([], "usage: scripts/ab_bench.sh OTHER_COMMIT [ROUNDS]"),
+                                          (["f" * 40], f"{'f' * 40} is not a commit this copy's .git holds"),
+                                          (["HEAD", "0"], "ROUNDS=0, allowed: a whole number >= 1")])
+def test_bad_arguments_are_named(args, message, tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(SCRIPT), *args], cwd=SCRIPT.parent.parent, capture_output=True, text=True,
+                       env={"OUT": str(out), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and message in r.stdout
+    assert not out.exists()
