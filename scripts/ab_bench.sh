@@ -2,8 +2,9 @@
 # Two commits' kernels side by side on one machine: FFNQ_COMMIT=<this tree's commit>
 # scripts/ab_bench.sh OTHER [ROUNDS] benches this tree and commit OTHER (from this copy's .git,
 # unpacked under /tmp) alternately, ROUNDS times each (default 2), TP ${TP:-1} minimax-m2 at
-# ${WIDTHS:-1-16}, one `ffnq bench` per run (floor and baseline (b) in each). Each run's report
-# names its own commit. Reports in $OUT/ab-reports.tgz, log in $OUT/ab.log.
+# ${WIDTHS:-1-16}, one `ffnq bench` per run (floor and baseline (b) in each), then `ffnq compare`
+# of each round's pair (OTHER's run the base: per-width deltas against each run's noise band).
+# Each run's report names its own commit. Reports in $OUT/ab-reports.tgz, log in $OUT/ab.log.
 set -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 . "$(dirname "$0")/commit_guard.sh"
@@ -23,12 +24,21 @@ for d in "$HERE" "$B"; do  # both commits' builds into Triton's cache, in parall
 done
 wait
 for i in $(seq "${2:-2}"); do
+  runs=()
   for d in "$HERE" "$B"; do
     c=$([ "$d" = "$HERE" ] && echo "${FFNQ_COMMIT:-}" || echo "$OTHER")
     echo "=== round $i: $c"
-    (cd "$d" && PYTHONPATH=$d FFNQ_COMMIT=$c timeout -k 5 200 python3 -m ffnq.cli bench --backend triton \
-       --model minimax-m2 --tp "$TP" --widths "${WIDTHS:-1-16}" --rep-ms 200 --out "$R" 2>&1 | tail -n 22)
+    log=$(cd "$d" && PYTHONPATH=$d FFNQ_COMMIT=$c timeout -k 5 200 python3 -m ffnq.cli bench --backend triton \
+            --model minimax-m2 --tp "$TP" --widths "${WIDTHS:-1-16}" --rep-ms 200 --out "$R" 2>&1)
+    echo "$log" | tail -n 22
+    runs+=("$(echo "$log" | sed -n 's/^report: //p' | tail -n 1)")
     tar czf "$OUT/ab-reports.tgz" -C "$HERE" reports-ab
   done
+  if [ -n "${runs[0]}" ] && [ -n "${runs[1]}" ]; then  # the verdicts other than "same", and the count
+    echo "=== round $i: ffnq compare ${runs[1]##*/} -> ${runs[0]##*/}"
+    PYTHONPATH=$HERE python3 -m ffnq.cli compare "${runs[1]}" "${runs[0]}" --out "$R" 2>&1 \
+      | grep -E "compare:|faster|slower|^report"
+    tar czf "$OUT/ab-reports.tgz" -C "$HERE" reports-ab
+  fi
 done
 } 2>&1 | tee "$OUT/ab.log"
