@@ -34,10 +34,11 @@ for i in $(seq "${2:-2}"); do
     runs+=("$(echo "$log" | sed -n 's/^report: //p' | tail -n 1)")
     tar czf "$OUT/ab-reports.tgz" -C "$HERE" reports-ab
   done
-  if [ -n "${runs[0]}" ] && [ -n "${runs[1]}" ]; then  # the verdicts other than "same", and the count
+  if [ -n "${runs[0]}" ] && [ -n "${runs[1]}" ]; then
     echo "=== round $i: ffnq compare ${runs[1]##*/} -> ${runs[0]##*/}"
+    # the rows judged faster or slower, the count line (it names both) and the report's folder
     PYTHONPATH=$HERE python3 -m ffnq.cli compare "${runs[1]}" "${runs[0]}" --out "$R" 2>&1 \
-      | grep -E "compare:|faster|slower|^report"
+      | grep -E "faster|slower|^report"
     tar czf "$OUT/ab-reports.tgz" -C "$HERE" reports-ab
   fi
 done

@@ -579,8 +579,9 @@ def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constex
 def _claim(ctr, DQ: tl.constexpr):
     """(DQ) Take the next ticket of the work counter *ctr without a CTA barrier: one thread's
     atomic, as a [128] tensor (a scalar atomic is broadcast through shared memory behind a
-    barrier, which would stall here). Issued at an item's start, read (_next_item) at its end:
-    the latency hides behind the item's loads. Without DQ: nothing (a placeholder)."""
+    barrier, which would stall here). Issued at an item's start (a stage-2 item's once its
+    tiles are in), read (_next_item) at its end: the latency hides behind the item's loads.
+    Without DQ: nothing (a placeholder)."""
     r = 0
     if DQ:
         lane = tl.arange(0, 128)
