@@ -7,8 +7,9 @@ step does, for one width S:
               link), pushes its column chunk of ``part`` into every peer's seam slot [e&1][rank],
               publishes flags[SEAM][c][rank] = e on every peer, waits for every peer's flag of
               chunk c (bounded), sums the chunk in rank order + residual (fp32), writes res_out,
-              h (fp32 scratch), the chunk's per-row sum of squares and its partial logits of
-              every expert (sum over the chunk of h*post_norm*router, fp32 FMA).
+              the chunk's per-row sum of squares and its partial logits of every expert (sum
+              over the chunk of h*post_norm*router, fp32 FMA); h stays in registers for phase B
+              (staged launches: fp32 scratch).
      -- grid barrier 1 --
   B  norm     every CTA: rstd per row from the per-chunk sums (fixed order: bitwise the same on
               every rank and CTA); x = h*rstd*post_norm for its chunk, divided by max|post_norm|,
@@ -653,7 +654,7 @@ def ffn_kernel(
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
     RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
-    SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, BPRE: tl.constexpr,
+    SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -788,7 +789,7 @@ def ffn_kernel(
                 _store_x(scratch, offs, m2, h * rstd[:, None] * pn_c[None, :], xsig, S, H, SC_X, F8, INTERP)
             _clear_sync(scratch, pid, SC_SYNC, SEG, SEGP2, NSYNC)
     if ((STAGE == 0) | (STAGE == 6)) & (FR == 0):
-        if (STAGE == 6) | (not BPRE):  # (BPRE: the fused launch keeps h in registers for phase B)
+        if STAGE == 6:  # for the staged launch of phase B (the fused launch keeps h in registers)
             tl.store(_as(scratch, SC_H, tl.float32) + offs, h, mask=m2)
         if pid < NCH:
             tl.store(_as(scratch, SC_SSQ, tl.float32) + pid * SP + rows, tl.sum(h * h, axis=1))
@@ -823,33 +824,31 @@ def ffn_kernel(
         chs = tl.arange(0, NCHP2)
         ssq = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows[None, :],
                       mask=(chs < NCH)[:, None], other=0.0)
+        # every load of this phase issued here, before the first use of any: a warp issues in
+        # order, so a load placed after a use of an earlier load's data (a reduction, a store of
+        # a result) waits for that data (v29)
         if ROWTOP:
             CPP: tl.constexpr = (NCH + RP - 1) // RP
             rr = pid // RP
             rp = _as(scratch, SC_RPART, tl.float32) + rr * (RP * EP2)
             cq = (pid % RP) * CPP + tl.arange(0, CPPP2)
-            vmask = ((tl.arange(0, CPPP2) < CPP) & (cq < NCH))[:, None] & evalid[None, :]
-        if BPRE:
-            # BPRE: every load of this phase issued here, before the first use of any: a warp
-            # issues in order, so a load placed after a use (a reduction, a store of a result)
-            # of an earlier load's data waits for that data, one L2 round trip per step
-            if ROWTOP:
-                vpl = tl.load(_as(scratch, SC_PLOG, tl.float32) + (cq[:, None] * S + rr) * EP2 + ecols[None, :],
-                            mask=vmask & (rr < S), other=0.0)
-                bias_r = tl.load(router_bias + ecols, mask=evalid, other=0.0)
-                pad1 = tl.load(slots + rr + tl.arange(0, 1), mask=rr < S, other=0) < 0
-            else:  # (the logits pass; emask is empty on a CTA past the experts)
-                ssq_r = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows_r[None, :],
-                                mask=(chs < NCH)[:, None], other=0.0)
-                pls = tl.load(_as(scratch, SC_PLOG, tl.float32)
-                              + (chs[:, None, None] * S + rows_r[None, :, None]) * EP2 + ecol[None, None, :],
-                              mask=(chs < NCH)[:, None, None] & rmask_r[None, :, None] & emask[None, None, :],
-                              other=0.0)
+            vpl = tl.load(_as(scratch, SC_PLOG, tl.float32) + (cq[:, None] * S + rr) * EP2 + ecols[None, :],
+                          mask=((tl.arange(0, CPPP2) < CPP) & (cq < NCH) & (rr < S))[:, None] & evalid[None, :],
+                          other=0.0)
+            bias_r = tl.load(router_bias + ecols, mask=evalid, other=0.0)  # for the row's last arriver
+            pad1 = tl.load(slots + rr + tl.arange(0, 1), mask=rr < S, other=0) < 0
+        else:  # (the logits pass; emask is empty on a CTA past the experts)
+            ssq_r = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows_r[None, :],
+                            mask=(chs < NCH)[:, None], other=0.0)
+            pls = tl.load(_as(scratch, SC_PLOG, tl.float32)
+                          + (chs[:, None, None] * S + rows_r[None, :, None]) * EP2 + ecol[None, None, :],
+                          mask=(chs < NCH)[:, None, None] & rmask_r[None, :, None] & emask[None, None, :],
+                          other=0.0)
         ms = tl.sum(ssq, axis=0) / H
         rstd = 1.0 / tl.sqrt_rn(ms + EPS)  # [SP]
         if pid < NCH:
             offs = rows[:, None] * H + ccols[None, :]
-            if BPRE & (STAGE == 0):  # this chunk's h and post_norm are still in registers from phase A
+            if STAGE == 0:  # this chunk's h and post_norm are still in registers from phase A
                 hc, pn = h, pn_c
             else:
                 hc = tl.load(_as(scratch, SC_H, tl.float32) + offs, mask=m2, other=0.0)
@@ -862,9 +861,6 @@ def ffn_kernel(
             # row's top-k. One CTA per row reading all 192 chunks took 12-18 us at 8-16 rows.
             last_r = rr < 0
             if rr < S:
-                if not BPRE:
-                    vpl = tl.load(_as(scratch, SC_PLOG, tl.float32) + (cq[:, None] * S + rr) * EP2 + ecols[None, :],
-                                mask=vmask, other=0.0)
                 tl.store(rp + (pid % RP) * EP2 + ecols, tl.sum(vpl, axis=0))
                 tl.debug_barrier()
                 last_r = tl.atomic_add(_as(scratch, SC_ROWCNT, tl.int32) + rr, 1, sem="acq_rel", scope="gpu") == RP - 1
@@ -873,9 +869,6 @@ def ffn_kernel(
                               axis=0)
                 r1 = rr + tl.arange(0, 1)
                 lg1 = accl[None, :] * tl.sum(tl.where(rows == rr, rstd, 0.0), axis=0)
-                if not BPRE:
-                    pad1 = tl.load(slots + r1) < 0
-                    bias_r = tl.load(router_bias + ecols, mask=evalid, other=0.0)
                 sel1, w1 = _topk(lg1, bias_r, ecols, evalid, pad1 == 0, K, KP2, EP2, SORT)
                 # one shared [E][SP] routing-weight table, and the row's picks for phase C
                 tl.store(_as(scratch, SC_WTAB, tl.float32) + ecols[None, :] * SP + r1[:, None], w1)
@@ -884,15 +877,7 @@ def ffn_kernel(
         elif pid * EPC < E:
             # this CTA's experts: the chunks' partial logits summed in chunk order (the same on
             # every rank, so every rank routes the same), times rstd
-            if not BPRE:
-                ssq_r = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows_r[None, :],
-                                mask=(chs < NCH)[:, None], other=0.0)
             rstd_r = 1.0 / tl.sqrt_rn(tl.sum(ssq_r, axis=0) / H + EPS)  # [RT]
-            if not BPRE:
-                pls = tl.load(_as(scratch, SC_PLOG, tl.float32)
-                              + (chs[:, None, None] * S + rows_r[None, :, None]) * EP2 + ecol[None, None, :],
-                              mask=(chs < NCH)[:, None, None] & rmask_r[None, :, None] & emask[None, None, :],
-                              other=0.0)
             lg = tl.sum(pls, axis=0) * rstd_r[:, None]
             tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecol[None, :], lg,
                      mask=rmask_r[:, None] & emask[None, :])
@@ -1409,18 +1394,11 @@ def geometry(key) -> dict:
     dq = tune.get("DQ", 0)
     if dq not in (0, 1):
         raise ValueError(f"FFNQ_TRITON_TUNE DQ={dq}: allowed 0 (every BLOCKS-th item) or 1 (one counter)")
-    # BPRE: phase B's loads (the row pick's partial logits, the bias and slot of the row it may
-    # pick, or the logits pass's partials) issued with the sums of squares right after barrier 1,
-    # and the fused launch's x store from phase A's h in registers. Before, each load sat behind
-    # a use of the one before (in-order issue: the ssq reduction, then h's x store, then the
-    # partials' sum, then the bias and slot behind the last arriver's sum of the parts), four L2
-    # round trips in a row on the way to barrier 2 where one does, at every width with a row
-    # pick (TP1 3-16 tokens, TP2 2-16) and TP2's one token
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
-                 RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq, BPRE=bool(tune.get("BPRE", 1)),
+                 RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
                  SQ2=min(16, max(_p2(key.tokens), 4)))
     nsl, nht = max(1, nslot), H // bh
     qoff = nsl + nht + (nsl * nt if ks > 1 else 0)
