@@ -6,9 +6,7 @@
 # of each round's pair (OTHER's run the base: per-width deltas against each run's noise band).
 # Each run's report names its own commit. Reports in $OUT/ab-reports.tgz, log in $OUT/ab.log.
 set -o pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-. "$(dirname "$0")/commit_guard.sh"
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+. "$(dirname "$0")/device_env.sh"
 [ -n "${1:-}" ] || { echo "usage: scripts/ab_bench.sh OTHER_COMMIT [ROUNDS]"; exit 2; }
 OTHER=$(git rev-parse --verify --quiet "$1^{commit}") || { echo "ab_bench.sh: $1 is not a commit this copy's .git holds"; exit 2; }
 [[ "${2:-2}" =~ ^[1-9][0-9]*$ ]] || { echo "ab_bench.sh: ROUNDS=$2, allowed: a whole number >= 1"; exit 2; }

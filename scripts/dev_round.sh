@@ -8,9 +8,7 @@
 # (not reports.tgz: gpu_round.sh writes that one, and a call may run both). WIDTHS overrides the
 # bench widths.
 set -o pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-. "$(dirname "$0")/commit_guard.sh"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+. "$(dirname "$0")/device_env.sh"
 OUT=${OUT:-/tmp/ffnq-out}
 R=$PWD/reports-dev
 mkdir -p "$OUT" "$R"

@@ -6,8 +6,7 @@
 # Triton's cache is filled first by parallel CPU-only compiles (ffnq.backends.triton.offline): same
 # cache key as a launch, so warm() then only loads.
 set -o pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+. "$(dirname "$0")/device_env.sh"
 export OUT=${OUT:-/tmp/ffnq-out}
 mkdir -p "$OUT"
 MODE=${1:-tp1}; shift || true

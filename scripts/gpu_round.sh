@@ -9,9 +9,7 @@
 #   tp2on1   TP2's builds on one GPU (both ranks in one process, half the grid each: scripts/tp2_one_gpu.py)
 #   SOAK_STEPS (default 100000) sets the soak's length
 set -o pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-. "$(dirname "$0")/commit_guard.sh"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+. "$(dirname "$0")/device_env.sh"
 OUT=${OUT:-/tmp/ffnq-out}
 R=$PWD/reports
 mkdir -p "$OUT" "$R"

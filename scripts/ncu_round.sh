@@ -5,8 +5,7 @@
 # ALL) -> $OUT/ncu.tgz: per width the details page, the SASS table with its source lines and its
 # summary (scripts/ncu_summary.py: stall mix overall and per loop body, hottest instructions).
 set -o pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+. "$(dirname "$0")/device_env.sh"
 OUT=${OUT:-/tmp/ffnq-out}
 D=$OUT/ncu
 mkdir -p "$D"
