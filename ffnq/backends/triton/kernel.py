@@ -1394,12 +1394,15 @@ def geometry(key) -> dict:
     dq = tune.get("DQ", 0)
     if dq not in (0, 1):
         raise ValueError(f"FFNQ_TRITON_TUNE DQ={dq}: allowed 0 (every BLOCKS-th item) or 1 (one counter)")
+    # SQ2: stage 2's act token columns per term are at least this many (dev round 69: 8, so that
+    # A8T x SQ2 >= 16 and Triton emits the fp8 wgmma; 4 with two terms made N = 8, which it lowers
+    # to fp16 mma.sync behind a conversion of every w2 code)
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
-                 SQ2=min(16, max(_p2(key.tokens), 4)))
+                 SQ2=min(16, max(_p2(key.tokens), tune.get("SQ2", 4))))
     nsl, nht = max(1, nslot), H // bh
     qoff = nsl + nht + (nsl * nt if ks > 1 else 0)
     nsync = qoff + dq
