@@ -1394,9 +1394,12 @@ def geometry(key) -> dict:
     dq = tune.get("DQ", 0)
     if dq not in (0, 1):
         raise ValueError(f"FFNQ_TRITON_TUNE DQ={dq}: allowed 0 (every BLOCKS-th item) or 1 (one counter)")
-    # SQ2: stage 2's act token columns per term are at least this many (dev round 69: 8, so that
-    # A8T x SQ2 >= 16 and Triton emits the fp8 wgmma; 4 with two terms made N = 8, which it lowers
-    # to fp16 mma.sync behind a conversion of every w2 code)
+    # SQ2: stage 2's act token columns per term are at least this many. With two terms, 4 makes the
+    # MMA's N 8, which Triton 3.6 lowers to fp16 mma.sync behind a conversion of every w2 code (the
+    # 1-4 token builds); 8 gives N = 16 and the fp8 wgmma. Measured, not adopted (dev round 69, TP1
+    # side by side twice, p50 us at 1 / 2 / 3 / 4 tokens): 47.0, 47.0 / 69.9, 70.9 / 101.2, 101.2 /
+    # 122.3, 122.5 against 46.8, 46.8 / 70.9, 70.9 / 101.6, 101.6 / 122.7, 122.6, a stage-2 item the
+    # same 10.2-10.5 us at one token: that stage is bound by its bytes in flight, not the conversion
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
