@@ -1036,8 +1036,8 @@ def ffn_kernel(
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
             if A8:
-                # SQ2 token columns per term (4 x SQ2 >= 16, tl.dot's least N): the tokens' own
-                # count, not stage 1's SQ (16 below 7 tokens)
+                # SQ2 token columns per term: the tokens' own count (at least 4), not stage 1's SQ
+                # (16 below 7 tokens); A8T x SQ2 < 16 compiles to fp16 mma.sync (see geometry, SQ2)
                 rq2 = tl.arange(0, SQ2)
                 kn = tl.arange(0, BN)
                 c8 = tl.arange(0, A8T * SQ2)
@@ -1045,7 +1045,8 @@ def ffn_kernel(
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
             if DQ:
                 # one queue for both stages: the item stage 1's last claim took (or pid), so the
-                # CTAs free first take the first experts' stage-2 items, whose tiles are done first
+                # CTAs free first take the first experts' stage-2 items, whose tiles are done first.
+                # The fused launch (STAGE 0) keeps it in w, stage 1's loop variable, which ends there
                 if STAGE == 4:
                     w = tl.load(meta + BLOCKS + pid)
             else:
