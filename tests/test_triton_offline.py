@@ -158,6 +158,12 @@ def test_fp8_stage_two_on_nvidia(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "A8T=3")
     with pytest.raises(ValueError, match="A8T=3: allowed 1, 2 or 4"):
         K.geometry(keys[1])
+    # SQ2: the least act columns per term (8 gives two terms 16 MMA columns: the fp8 wgmma)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SQ2=8")
+    assert [K.geometry(k)["SQ2"] for k in keys.values()] == [8, 8, 16]
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SQ2=6")
+    with pytest.raises(ValueError, match="SQ2=6: allowed 4, 8 or 16"):
+        K.geometry(keys[1])
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=2")
     with pytest.raises(ValueError, match=r"DQ=2: allowed 0 \(every BLOCKS-th item\) or 1"):
         K.geometry(keys[1])

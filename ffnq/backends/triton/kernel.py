@@ -1401,12 +1401,15 @@ def geometry(key) -> dict:
     # side by side twice, p50 us at 1 / 2 / 3 / 4 tokens): 47.0, 47.0 / 69.9, 70.9 / 101.2, 101.2 /
     # 122.3, 122.5 against 46.8, 46.8 / 70.9, 70.9 / 101.6, 101.6 / 122.7, 122.6, a stage-2 item the
     # same 10.2-10.5 us at one token: that stage is bound by its bytes in flight, not the conversion
+    sq2 = tune.get("SQ2", 4)
+    if sq2 not in (4, 8, 16):
+        raise ValueError(f"FFNQ_TRITON_TUNE SQ2={sq2}: allowed 4, 8 or 16 (stage 2's least act token columns)")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
-                 SQ2=min(16, max(_p2(key.tokens), tune.get("SQ2", 4))))
+                 SQ2=min(16, max(_p2(key.tokens), sq2)))
     nsl, nht = max(1, nslot), H // bh
     qoff = nsl + nht + (nsl * nt if ks > 1 else 0)
     nsync = qoff + dq
