@@ -822,11 +822,11 @@ def ffn_kernel(
     elif (STAGE == 0) | (STAGE == 2):
         _stamp(sub_row, 0, IS_HIP, INTERP, TIMELINE)
         chs = tl.arange(0, NCHP2)
-        ssq = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows[None, :],
-                      mask=(chs < NCH)[:, None], other=0.0)
         # every load of this phase issued here, before the first use of any: a warp issues in
         # order, so a load placed after a use of an earlier load's data (a reduction, a store of
         # a result) waits for that data (v29)
+        ssq = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows[None, :],
+                      mask=(chs < NCH)[:, None], other=0.0)
         if ROWTOP:
             CPP: tl.constexpr = (NCH + RP - 1) // RP
             rr = pid // RP
@@ -1045,8 +1045,8 @@ def ffn_kernel(
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
             if DQ:
                 # one queue for both stages: the item stage 1's last claim took (or pid), so the
-                # CTAs free first take the first experts' stage-2 items, whose tiles are done first.
-                # The fused launch (STAGE 0) keeps it in w, stage 1's loop variable, which ends there
+                # CTAs free first take the first experts' stage-2 items, whose tiles are done first
+                # (the fused launch, STAGE 0: w, where stage 1's loop left it)
                 if STAGE == 4:
                     w = tl.load(meta + BLOCKS + pid)
             else:
