@@ -26,3 +26,16 @@ def one_report(out: Path, job: str) -> Path:
     found = [p for p in out.iterdir() if f"-{job}-" in p.name]
     assert len(found) == 1, [p.name for p in out.iterdir()]
     return found[0]
+
+
+def git(repo: Path, *args: str) -> str:
+    """git -C repo ARGS, its stdout stripped (a test's throwaway repository)."""
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit_all(repo: Path) -> str:
+    """A first commit of everything in ``repo`` (git init included); its full hash."""
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    return git(repo, "rev-parse", "HEAD")

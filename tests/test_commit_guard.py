@@ -4,12 +4,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import commit_all
 
 GUARD = Path(__file__).resolve().parent.parent / "scripts" / "commit_guard.sh"
-
-
-def _git(repo, *args):
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def _guard(repo, commit):
@@ -21,10 +18,7 @@ def _guard(repo, commit):
 def test_guard_refuses_a_commit_the_tree_is_not(tmp_path):
     (tmp_path / "ffnq").mkdir()
     (tmp_path / "ffnq" / "k.py").write_text("a = 1\n")
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", "-A")
-    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
-    old = _git(tmp_path, "rev-parse", "--short", "HEAD")
+    old = commit_all(tmp_path)[:7]
     assert _guard(tmp_path, old).stdout.strip() == "passed"
     (tmp_path / "ffnq" / "k.py").write_text("a = 2\n")  # the tree moved on; its .git did not
     r = _guard(tmp_path, old)

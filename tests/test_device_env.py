@@ -6,19 +6,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import commit_all
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 SOURCE = '. "$(dirname "$0")/device_env.sh"'
 
 
-def _env_after_sourcing(cwd: Path, script: Path, **extra) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", f'. "{script}"; env'], cwd=cwd, capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", **extra})
-
-
 def test_exports_what_every_job_on_a_lent_machine_needs():
-    r = _env_after_sourcing(ROOT, SCRIPTS / "device_env.sh")
+    r = subprocess.run(["bash", "-c", f'. "{SCRIPTS / "device_env.sh"}"; env'], cwd=ROOT, capture_output=True,
+                       text=True, env={"PATH": "/usr/bin:/bin"})
     env = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
     assert r.returncode == 0, r.stderr
     assert (env["NCCL_NVLS_ENABLE"], env["TORCH_SYMM_MEM_DISABLE_MULTICAST"], env["NVSHMEM_DISABLE_NVLS"]) == \
@@ -46,11 +43,7 @@ def test_the_commit_guard_applies_through_it(tmp_path):
     for name in ("device_env.sh", "commit_guard.sh"):
         shutil.copy(SCRIPTS / name, tmp_path / "scripts" / name)
     (tmp_path / "ffnq" / "k.py").write_text("a = 1\n")
-    git = ["git", "-C", str(tmp_path)]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one"], check=True)
-    old = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    old = commit_all(tmp_path)
     caller = tmp_path / "elsewhere" / "round.sh"
     caller.parent.mkdir()
     caller.write_text(f'. "{tmp_path}/scripts/device_env.sh"\necho passed\n')
