@@ -648,13 +648,13 @@ def ffn_kernel(
     SC_WTAB: tl.constexpr, SC_PLOG: tl.constexpr, SC_ECTA: tl.constexpr, SC_SUB: tl.constexpr,
     SC_SYNC: tl.constexpr, SC_GPART: tl.constexpr, SC_SEL: tl.constexpr, SQ: tl.constexpr, KS: tl.constexpr, ROWTOP: tl.constexpr,
     NSL: tl.constexpr, NSYNC: tl.constexpr, SEG: tl.constexpr, SEGP2: tl.constexpr,
-    SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, RP: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NCOL: tl.constexpr,
+    SHIFT: tl.constexpr, SACC: tl.constexpr, F8: tl.constexpr, HP2: tl.constexpr, SC_ROWCNT: tl.constexpr, SC_RPART: tl.constexpr, RP: tl.constexpr, CPPP2: tl.constexpr, BH: tl.constexpr, JB: tl.constexpr, NS: tl.constexpr, NS2: tl.constexpr, NCOL: tl.constexpr,
     TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr,
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
     RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
-    SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr,
+    SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -687,6 +687,12 @@ def ffn_kernel(
     # a plain L2 read (the last launch's write to it is ordered by the kernel boundary or gdc_wait):
     # unlike an atomic it does not stall here, so it overlaps the phase-A loads below
     e = tl.load(words, cache_modifier=".cg") + 1
+    if FW:
+        # (FW) the fault and inject words read beside the epoch, before phase A's big loads:
+        # read after them, each was waited for before the next was issued (ncu, round 68)
+        fe = tl.load(fault + F_EPOCH, cache_modifier=".cg")
+        if not INTERP:
+            who = tl.load(inject)
     e = tl.where(e <= 0, 1, e)  # 1..2^31-1: 0 is the cleared value, -e marks a fault
     par = (e & 1).to(tl.int64)
     rows = tl.arange(0, SP)
@@ -727,14 +733,17 @@ def ffn_kernel(
             if FR:  # the whole rows and this CTA's router rows, before any store (a store would hold them)
                 fr_res, fr_part, fr_pn, fr_rw = _fr_loads(part, residual, post_norm, router, rows_r, rmask_r, ecol,
                                                           emask, H, HP2)
-        faulted = tl.load(fault + F_EPOCH, cache_modifier=".cg") == e.to(tl.int64)
+        if not FW:
+            fe = tl.load(fault + F_EPOCH, cache_modifier=".cg")
+        faulted = fe == e.to(tl.int64)
         if pid == 0:
             if not faulted:
                 tl.store(fault + F_VALID, 0)
             if ROWTOP:  # phase B's per-row arrival counters (used after barrier 1)
                 tl.store(_as(scratch, SC_ROWCNT, tl.int32) + tl.arange(0, 16), tl.zeros((16,), tl.int32))
         if not INTERP:
-            who = tl.load(inject)
+            if not FW:
+                who = tl.load(inject)
             if who == rank + 1:
                 delay = tl.load(inject + 1).to(tl.int64)
                 t0 = now_u(IS_HIP, INTERP)
@@ -1088,7 +1097,7 @@ def ffn_kernel(
                     # rescaled before each MMA, which then accumulates in place (no second
                     # [BH, A8T x SQ2] fp32 product live: _mma_unit)
                     su = tl.full((), 1.0, tl.float32)
-                    for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS):
+                    for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
                         for q in tl.static_range(A8K // BN):
                             kk = kq + k0 + q * BN
                             av = tl.load(a8 + kk, cache_modifier=".cg")
@@ -1105,7 +1114,7 @@ def ffn_kernel(
                              y8, mask=(rq2 < S)[None, :])
                 else:
                     yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                    for k0 in tl.range(0, I_R // KH, 128, num_stages=NS):
+                    for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
                         a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
                                     mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                         wq = tl.load(wbase + kq + k0 + ki[None, :])
@@ -1409,14 +1418,16 @@ def geometry(key) -> dict:
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
-                 SQ2=min(16, max(_p2(key.tokens), sq2)))
+                 SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)))
     nsl, nht = max(1, nslot), H // bh
     qoff = nsl + nht + (nsl * nt if ks > 1 else 0)
     nsync = qoff + dq
     seg = -(-nsync // blocks)
     # NSS: the pipeline depth at up to 4 tokens, where SQ=4 leaves shared memory for more stages
-    ns = tune.get("NSS", NUM_STAGES_EXPERTS) if sq <= 4 else NUM_STAGES_EXPERTS
-    return dict(BH=bh, JB=jb, SQ=sq, NS=tune.get("NS", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
+    ns = tune.get("NS", tune.get("NSS", NUM_STAGES_EXPERTS) if sq <= 4 else NUM_STAGES_EXPERTS)
+    # NS2: stage 2's pipeline depth, stage 1's unless asked (a stage-2 step holds about half
+    # the bytes of a stage-1 step, so the same shared memory holds more of them)
+    return dict(BH=bh, JB=jb, SQ=sq, NS=ns, NS2=tune.get("NS2", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rowtop, NSL=nsl,
@@ -1461,7 +1472,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
           "SC_RPART": "rpart", "SC_ACT8": "act8", "SC_ASC": "ascale"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
-        g["NS"] = NUM_STAGES_HIP
+        g["NS"] = g["NS2"] = NUM_STAGES_HIP
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
