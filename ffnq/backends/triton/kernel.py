@@ -264,13 +264,14 @@ def _xsig_of(pn):
 
 @triton.jit
 def _store_x(scratch, offs, m2, xc, xsig, S: tl.constexpr, H: tl.constexpr, SC_X: tl.constexpr, F8: tl.constexpr,
-             INTERP: tl.constexpr):
+             INTERP: tl.constexpr, X8T: tl.constexpr):
     """Stage 1's x of one column chunk (the normed rows times post_norm) into scratch."""
     if F8:
-        # x / xsig as four fp8 terms, each the rounding residue of the last times 16 (~16
-        # mantissa bits in all): stage 1 multiplies them with the fp8 weight codes as they are
+        # x / xsig as X8T fp8 terms, each the rounding residue of the last times 16 (four: ~16
+        # mantissa bits in all; two: ~8, a bf16 x's): stage 1 multiplies them with the fp8
+        # weight codes as they are
         xr = xc / xsig
-        for t in tl.static_range(4):
+        for t in tl.static_range(X8T):
             xt = _fp8(xr, INTERP)
             tl.store(_as(scratch, SC_X, tl.float8e4nv) + t * S * H + offs, xt, mask=m2)
             xr = (xr - xt.to(tl.float32)) * 16.0
@@ -654,7 +655,7 @@ def ffn_kernel(
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
     RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
-    SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr,
+    SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -795,7 +796,7 @@ def ffn_kernel(
                          dot * rstd_r[:, None], mask=rmask_r[:, None] & emask[None, :])
             if pid < NCH:
                 rstd = tl.sum(tl.where(rows[:, None] == rows_r[None, :], rstd_r[None, :], 0.0), axis=1)  # [SP]
-                _store_x(scratch, offs, m2, h * rstd[:, None] * pn_c[None, :], xsig, S, H, SC_X, F8, INTERP)
+                _store_x(scratch, offs, m2, h * rstd[:, None] * pn_c[None, :], xsig, S, H, SC_X, F8, INTERP, X8T)
             _clear_sync(scratch, pid, SC_SYNC, SEG, SEGP2, NSYNC)
     if ((STAGE == 0) | (STAGE == 6)) & (FR == 0):
         if STAGE == 6:  # for the staged launch of phase B (the fused launch keeps h in registers)
@@ -862,7 +863,7 @@ def ffn_kernel(
             else:
                 hc = tl.load(_as(scratch, SC_H, tl.float32) + offs, mask=m2, other=0.0)
                 pn = tl.load(post_norm + ccols, mask=cmask, other=0.0)
-            _store_x(scratch, offs, m2, hc * rstd[:, None] * pn[None, :], xsig, S, H, SC_X, F8, INTERP)
+            _store_x(scratch, offs, m2, hc * rstd[:, None] * pn[None, :], xsig, S, H, SC_X, F8, INTERP, X8T)
         _clear_sync(scratch, pid, SC_SYNC, SEG, SEGP2, NSYNC)
         if ROWTOP:
             # RP CTAs per row each sum CPP chunks' partial logits of that row; the last to arrive
@@ -934,7 +935,7 @@ def ffn_kernel(
             # items (slot j, BN-row tile t of I_r, K part ks), ks fastest; with KS > 1 the last
             # arriver of a (j, t) sums the parts in ks order (deterministic) and finishes the tile
             n_items = n_active * (NT * KS)
-            NX: tl.constexpr = 4 if F8 else 2  # x terms: fp8 x 4 or fp16 hi + lo
+            NX: tl.constexpr = X8T if F8 else 2  # x terms: fp8 x X8T or fp16 hi + lo
             # SQ token columns per term (SQ >= S; NX x SQ >= 16, tl.dot's least N)
             rq = tl.arange(0, SQ)
             c2 = tl.arange(0, NX * SQ)
@@ -1349,7 +1350,12 @@ def geometry(key) -> dict:
     # tl.dot's N (terms x SQ) at least 16, else 16 (SQ=0: always). From 7 by default (v17): 8
     # columns at 7-8 tokens were 1.7-2.5% faster at TP2 (dev rounds 33-35); at 5 within the
     # spread, at 6 slower (the build spills), at 1-4 slower (round 33)
-    nx = 4 if f8 else 2
+    # X8T: x's fp8 terms (4: ~16 mantissa bits; 2: ~8, a bf16 x's), which set stage 1's MMA
+    # columns (terms x SQ) and the accumulators' registers
+    x8t = tune.get("X8T", 4)
+    if x8t not in (2, 4):
+        raise ValueError(f"FFNQ_TRITON_TUNE X8T={x8t}: allowed 2 or 4 fp8 terms of x")
+    nx = x8t if f8 else 2
     sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 7) <= key.tokens else 16
     # CHK: polls of a wait between its clock/fault checks; PDL: programmatic dependent launch
     # (sm_90); LL: the seam and reduce exchanges as tagged words; PRE: the seam's reads of the
@@ -1418,7 +1424,7 @@ def geometry(key) -> dict:
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
-                 SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)))
+                 SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t)
     nsl, nht = max(1, nslot), H // bh
     qoff = nsl + nht + (nsl * nt if ks > 1 else 0)
     nsync = qoff + dq
