@@ -174,6 +174,26 @@ def test_fp8_stage_two_on_nvidia(monkeypatch):
     assert K.geometry(keys[1])["A8"] == 0
 
 
+def test_x_terms(monkeypatch):
+    """X8T, x's fp8 terms (v30): two, so stage 1's MMA has half the columns, except where four
+    make N = 32 from 8 token columns (7-8 tokens) and at TP2's widths whose two-term builds spill
+    (configs/triton-measured.toml); other values are refused, named."""
+    from ffnq.backends.triton import kernel as K
+    spec = load_model("minimax-m2")
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+
+    def terms(tp):
+        return {s: (K.geometry(offline.build_key(spec, tp, Experts.ALL, s))["X8T"],
+                    K.geometry(offline.build_key(spec, tp, Experts.ALL, s))["SQ"]) for s in (1, 4, 6, 7, 8, 12, 16)}
+    assert terms(1) == {1: (2, 8), 4: (2, 16), 6: (2, 16), 7: (4, 8), 8: (4, 8), 12: (2, 16), 16: (2, 16)}
+    assert terms(2) == {1: (4, 16), 4: (4, 16), 6: (4, 16), 7: (4, 8), 8: (4, 8), 12: (2, 16), 16: (2, 16)}
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T@8=2")
+    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 8))["SQ"] == 8  # 2 terms x 8 columns
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T=3")
+    with pytest.raises(ValueError, match="X8T=3: allowed 2 or 4"):
+        K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))
+
+
 def test_launch_and_sync_choices(monkeypatch):
     """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
     with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;

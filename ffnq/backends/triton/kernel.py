@@ -13,7 +13,8 @@ step does, for one width S:
      -- grid barrier 1 --
   B  norm     every CTA: rstd per row from the per-chunk sums (fixed order: bitwise the same on
               every rank and CTA); x = h*rstd*post_norm for its chunk, divided by max|post_norm|,
-              as four fp8 terms (each the rounding residue of the last x 16; fp16 hi + lo on CDNA);
+              as X8T fp8 terms (each the rounding residue of the last x 16: two, ~8 mantissa
+              bits like a bf16 x's, four at 7-8 tokens; fp16 hi + lo on CDNA);
      router   one row: logits of its EPC experts = rstd * the chunks' partials summed in
               chunk order; rows >= 2: RP CTAs per row (16) sum slices of that row's partials,
               the last to arrive sums the slices in order and picks the row's top-k.
@@ -24,7 +25,7 @@ step does, for one width S:
               Every CTA: the active-expert list.
      experts  stage 1 work items (active expert j, BN-row tile of I_r, K part), "swap AB": the gate/up
               tiles of w13 (fp8 codes as stored) are the A operand (M = weight rows), the x
-              terms^T the B operand (N = 4 terms x 16 tokens), an fp8 x fp8 wgmma with both
+              terms^T the B operand (N = X8T terms x SQ tokens), an fp8 x fp8 wgmma with both
               operands in shared memory (CDNA: fp8 -> fp16 codes, [x_hi | x_lo]^T); each K
               block's fp32 product times its
               block scale is added to the accumulator over the item's K range (KS > 1: the
@@ -1247,7 +1248,7 @@ def _tune(tokens: int | None = None) -> dict:
 
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "JB", "KS", "KSFIX", "NS", "NSS", "RPG", "RTOP", "SQ"})
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "JB", "KS", "KSFIX", "NS", "NSS", "RPG", "RTOP", "SQ", "X8T"})
 
 
 @functools.cache
@@ -1350,13 +1351,22 @@ def geometry(key) -> dict:
     # tl.dot's N (terms x SQ) at least 16, else 16 (SQ=0: always). From 7 by default (v17): 8
     # columns at 7-8 tokens were 1.7-2.5% faster at TP2 (dev rounds 33-35); at 5 within the
     # spread, at 6 slower (the build spills), at 1-4 slower (round 33)
-    # X8T: x's fp8 terms (4: ~16 mantissa bits; 2: ~8, a bf16 x's), which set stage 1's MMA
-    # columns (terms x SQ) and the accumulators' registers
-    x8t = tune.get("X8T", 4)
+    def cols(terms: int) -> int:
+        return max(_p2(key.tokens), 16 // terms) if 0 < tune.get("SQ", 7) <= key.tokens else 16
+
+    # X8T: x's fp8 terms (4: ~16 mantissa bits; 2: ~8, a bf16 x's). Two halve stage 1's MMA
+    # columns (terms x SQ) and its accumulators' registers (TP1 at 4 / 12 / 16 tokens: 249 / 225
+    # / 225 registers to 178 / 190 / 182). v30, two by default (dev round 71, TP1 side by side
+    # twice, p50 us at 1 / 2 / 4 / 6 / 12 / 16 tokens): 45.7, 45.6 / 69.7, 69.2 / 119.2, 119.2 /
+    # 149.9, 149.9 / 221.8, 222.5 / 281.6, 280.3 against 46.3, 46.3 / 69.1, 69.1 / 119.8, 119.7 /
+    # 151.2, 151.2 / 235.9, 238.0 / 293.8, 290.5; max rel_err over 1-16 tokens 0.00200 against
+    # 0.00179. Four where they make N = 32 from 8 token columns (7-8 tokens, SQ from 7): two made
+    # N = 16 there, 175.6, 175.7 against 173.9, 173.9 at 8 tokens. TP2's one, four and six
+    # tokens keep four (configs/triton-measured.toml: their two-term builds spill)
+    x8t = tune.get("X8T", 4 if cols(4) == 8 else 2)
     if x8t not in (2, 4):
         raise ValueError(f"FFNQ_TRITON_TUNE X8T={x8t}: allowed 2 or 4 fp8 terms of x")
-    nx = x8t if f8 else 2
-    sq = max(_p2(key.tokens), 16 // nx) if 0 < tune.get("SQ", 7) <= key.tokens else 16
+    sq = cols(x8t if f8 else 2)
     # CHK: polls of a wait between its clock/fault checks; PDL: programmatic dependent launch
     # (sm_90); LL: the seam and reduce exchanges as tagged words; PRE: the seam's reads of the
     # router, post_norm and residual issued before the push; PLR=n: the seam's partial logits over
