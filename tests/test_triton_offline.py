@@ -100,7 +100,7 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # (two tokens: whole K, the model's pick on v25's grid of 396, where 360 items are one round)
     assert [K.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
     assert K.measured("minimax-m2", 1, 1) == {"KS": 2, "CPS": 3, "NS": 3, "SQ": 1}
-    assert K.measured("minimax-m2", 2, 1) == {}
+    assert K.measured("minimax-m2", 2, 1) == {"X8T": 4} and K.measured("minimax-m2", 2, 2) == {}
     # v28: items from one counter at TP1's 4-15 tokens only (v27's per-stage counters were slower
     # at 3 tokens; one counter gains nothing at 1-3, nor at 16 in the bench)
     dq = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s))["DQ"] for tp in (1, 2) for s in range(1, 17)}
