@@ -19,7 +19,9 @@ PRE="python3 -m ffnq.backends.triton.offline --target sm_90 --model minimax-m2 -
 {
 nvidia-smi -L
 echo "tp=$TP tune=${FFNQ_TRITON_TUNE:-default} commit=${FFNQ_COMMIT:-?}"
+declare -A SEEN  # a variant listed twice (alternating runs) is compiled once
 for v in "$@"; do
+  [ -n "${SEEN[$v]}" ] && continue; SEEN[$v]=1
   b=${v%%:*}; t=$([ "$v" = "$b" ] || echo "${v#*:}")
   B=$([ "$b" = default ] || echo "--blocks $b")
   ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --jobs 8 | tail -n 3 ) &
