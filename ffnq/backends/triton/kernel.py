@@ -14,7 +14,7 @@ step does, for one width S:
   B  norm     every CTA: rstd per row from the per-chunk sums (fixed order: bitwise the same on
               every rank and CTA); x = h*rstd*post_norm for its chunk, divided by max|post_norm|,
               as X8T fp8 terms (each the rounding residue of the last x 16: two, ~8 mantissa
-              bits like a bf16 x's, four at 7-8 tokens; fp16 hi + lo on CDNA);
+              bits like a bf16 x's, four at 7-8 tokens and TP2's 1, 4, 6; fp16 hi + lo on CDNA);
      router   one row: logits of its EPC experts = rstd * the chunks' partials summed in
               chunk order; rows >= 2: RP CTAs per row (16) sum slices of that row's partials,
               the last to arrive sums the slices in order and picks the row's top-k.
