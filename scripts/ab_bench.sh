@@ -7,7 +7,10 @@
 # Each run's report names its own commit. Reports in $OUT/ab-reports.tgz, log in $OUT/ab.log.
 set -o pipefail
 . "$(dirname "$0")/device_env.sh"
-[ -n "${1:-}" ] || { echo "usage: scripts/ab_bench.sh OTHER_COMMIT [ROUNDS]"; exit 2; }
+[ -n "${1:-}" ] || { echo "usage: FFNQ_COMMIT=<this tree's commit> scripts/ab_bench.sh OTHER_COMMIT [ROUNDS]"; exit 2; }
+# the device copy's .git may be older than its tree: without FFNQ_COMMIT this tree's reports would
+# name a stale commit
+[ -n "${FFNQ_COMMIT:-}" ] || { echo "ab_bench.sh: FFNQ_COMMIT is unset, allowed: this tree's full commit"; exit 2; }
 OTHER=$(git rev-parse --verify --quiet "$1^{commit}") || { echo "ab_bench.sh: $1 is not a commit this copy's .git holds"; exit 2; }
 [[ "${2:-2}" =~ ^[1-9][0-9]*$ ]] || { echo "ab_bench.sh: ROUNDS=$2, allowed: a whole number >= 1"; exit 2; }
 HERE=$PWD OUT=${OUT:-/tmp/ffnq-out} TP=${TP:-1} R=$PWD/reports-ab B=/tmp/ab-$OTHER
@@ -24,7 +27,7 @@ wait
 for i in $(seq "${2:-2}"); do
   runs=()
   for d in "$HERE" "$B"; do
-    c=$([ "$d" = "$HERE" ] && echo "${FFNQ_COMMIT:-}" || echo "$OTHER")
+    c=$([ "$d" = "$HERE" ] && echo "$FFNQ_COMMIT" || echo "$OTHER")
     echo "=== round $i: $c"
     log=$(cd "$d" && PYTHONPATH=$d FFNQ_COMMIT=$c timeout -k 5 200 python3 -m ffnq.cli bench --backend triton \
             --model minimax-m2 --tp "$TP" --widths "${WIDTHS:-1-16}" --rep-ms 200 --out "$R" 2>&1)

@@ -1,8 +1,9 @@
 #!/bin/bash
 # One device round through the real CLI: scripts/gpu_round.sh STEP... (run from the repo root on
 # the device machine, by the device tool). Steps run in order, each under its own time limit;
-# a failing step does not stop the next. Reports land in $OUT/reports.tgz (one file, since the
-# tool brings back at most 8), logs in $OUT/round.log.
+# a failing step does not stop the next. This round's report folders land in $OUT/reports.tgz (one
+# file, since the tool brings back at most 8, 16 MiB each: the committed reports/ is larger), logs
+# in $OUT/round.log.
 #   prewarm (both) prewarm1 prewarm2   fill Triton's cache for TP1/TP2 minimax-m2 with parallel CPU compiles
 #   warm2 qualify2 bench2 soak2 gate2   TP2 on 2 GPUs      warm1 qualify1 bench1 soak1 gate1   TP1
 #   vllm2 vllm2s   TP2 bench beside (b) and (d) = (b) with vLLM's fused_moe kernel (default / small-M config)
@@ -13,6 +14,8 @@ set -o pipefail
 OUT=${OUT:-/tmp/ffnq-out}
 R=$PWD/reports
 mkdir -p "$OUT" "$R"
+STAMP=$(mktemp)  # the report folders newer than this are this round's
+pack() { find reports -mindepth 1 -maxdepth 1 -newer "$STAMP" -print0 | tar czf "$OUT/reports.tgz" --null -T -; }
 FF="python3 -m ffnq.cli"
 M="--backend triton --model minimax-m2"
 T0=$(date +%s)
@@ -22,7 +25,7 @@ step() {  # step NAME LIMIT_S CMD...
   echo "=== $name (limit ${lim}s) at +$(( t - T0 ))s: $*"
   timeout -k 10 "$lim" "$@"
   echo "=== $name rc=$? in $(( $(date +%s) - t ))s"
-  tar czf "$OUT/reports.tgz" -C "$PWD" reports  # after every step: a round cut short keeps what finished
+  pack  # after every step: a round cut short keeps what finished
 }
 {
 nvidia-smi -L
@@ -56,4 +59,4 @@ for s in "$@"; do
 done
 echo "round total $(( $(date +%s) - T0 ))s"
 } 2>&1 | tee "$OUT/round.log"
-tar czf "$OUT/reports.tgz" -C "$PWD" reports
+pack
