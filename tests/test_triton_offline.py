@@ -468,6 +468,48 @@ def test_interpreter_items_taken_from_counters(monkeypatch):
     assert (out[1] == 0).all() and r.fault(S) is None
 
 
+def test_progressive_sum_counters(monkeypatch):
+    """PS=1: a counter per (slot, H tile) after the split-K arrivals, before the work counter;
+    off by default and where a build has no slots."""
+    from ffnq.backends.triton import kernel as K
+    spec = load_model("minimax-m2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
+    g0 = K.geometry(offline.build_key(spec, 1, Experts.ALL, 16))
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PS=1")
+    g1 = K.geometry(offline.build_key(spec, 1, Experts.ALL, 16))
+    nht = spec.hidden // g1["BH"]
+    assert g0["PS"] == 0 and g0["QOFF"] == g0["PSO"]
+    assert g1["PS"] == 1 and g1["PSO"] == g0["PSO"] and g1["QOFF"] == g1["PSO"] + g1["NSL"] * nht
+    assert g1["NSYNC"] == g0["NSYNC"] + g1["NSL"] * nht and g1["NSLP2"] >= g1["NSL"]
+    assert K.geometry(offline.build_key(spec, 1, Experts.NONE, 16))["PS"] == 0
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+@pytest.mark.parametrize("tune, blocks", [("", None), ("KH=2", None), ("", 7)])
+def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
+    """PS=1: phase E sums each slot once its stage-2 items are done, in the same slot order as
+    after the tile's last slot, so the step is bitwise the one without PS; every (slot, tile)
+    counter ends at KH (the parts of I_R), also with chunks across two H tiles (a grid of 7)."""
+    import torch
+    from ffnq import reference
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.backends.triton import kernel as K
+    cls = TritonRunner.with_grid(blocks) if blocks else TritonRunner
+    slots = torch.tensor([0, -1, 2, 3])
+    runs = {}
+    for ps in (0, 1):
+        monkeypatch.setenv("FFNQ_TRITON_TUNE", ",".join(t for t in (tune, f"PS={ps}") if t))
+        runs[ps] = _tp1_step(cls, slots, 3, 11)
+    r, out, res, ref = runs[1]
+    g = K.geometry(r.keys[4])
+    assert g["PS"] == 1 and runs[0][0].fault(4) is None and r.fault(4) is None
+    assert torch.equal(out, runs[0][1]) and torch.equal(res, runs[0][2])
+    assert reference.compare(out, ref.out, rows=torch.tensor([0, 2, 3]))["rel_err"] < 1e-2
+    n_act, nht = int(r.view(4, "meta")[0]), g["H"] // g["BH"]
+    cnt = r.view(4, "sync")[g["PSO"]:g["QOFF"]].view(g["NSL"], nht)
+    assert n_act > 1 and (cnt[:n_act] == g["KH"]).all() and (cnt[n_act:] == 0).all()
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_row_topk_and_split_k(monkeypatch):
     """Six rows, so one CTA per row picks that row's top-k in phase B, and the stage-1 items

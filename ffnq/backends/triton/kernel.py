@@ -628,6 +628,43 @@ def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.c
             _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
 
 
+@triton.jit
+def _done_prefix(cnt, sl, m, t_lo, t_hi, KH: tl.constexpr, NHT: tl.constexpr, NSLP2: tl.constexpr):
+    # one acquire read per slot and tile, all in flight together
+    a = tl.atomic_add(cnt + sl * NHT + t_lo, 0, mask=m, sem="acquire", scope="gpu")
+    b = tl.atomic_add(cnt + sl * NHT + t_hi, 0, mask=m, sem="acquire", scope="gpu")
+    return tl.min(tl.where(((a >= KH) & (b >= KH)) | ~m, NSLP2, sl), axis=0)
+
+
+@triton.jit
+def _wait_prefix(cnt, t_lo, t_hi, n_sl, need, KH: tl.constexpr, NHT: tl.constexpr, NSLP2: tl.constexpr,
+                 fault, e, rank, timeout_ns, pid, IS_HIP: tl.constexpr, INTERP: tl.constexpr, CHK: tl.constexpr):
+    """(PS) How many leading slots have all KH parts of H tiles t_lo and t_hi done (cnt: [slot][NHT]
+    counters), polled until at least ``need``; bounded as _spin_count (a fault recorded, then
+    ``need`` returned, as a count that timed out is passed)."""
+    sl = tl.arange(0, NSLP2)
+    m = sl < n_sl
+    p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2), n_sl)
+    if p < need:
+        t0 = now_u(IS_HIP, INTERP)
+        deadline = t0 + 4 * timeout_ns
+        if INTERP:  # no clock there; the staged launches finish every count before its use
+            deadline = t0 - 1
+        t = t0
+        n = 0
+        while (p < need) & (t <= deadline):
+            _backoff(IS_HIP, INTERP)
+            p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2), n_sl)
+            n += 1
+            if n % CHK == 0:
+                t = now_u(IS_HIP, INTERP)
+        if p < need:
+            _record_fault(fault, fault, e, PH_REDUCE, rank, 0, t - t0, pid, t, 0, 1, False)
+            p = need
+    tl.debug_barrier()
+    return p
+
+
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
@@ -657,6 +694,7 @@ def ffn_kernel(
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
     RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
+    PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -1124,7 +1162,10 @@ def ffn_kernel(
                     tl.store(ypart + ((j * KH + kh) * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
                              yt * (1.0 / SHIFT), mask=rmask[None, :])
                 tl.debug_barrier()
-                tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
+                if PS:  # per (slot, tile): phase E sums a tile's slots as they finish, in slot order
+                    tl.atomic_add(sync + PSO + j * NHT + t, 1, sem="release", scope="gpu")
+                else:
+                    tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
@@ -1144,15 +1185,22 @@ def ffn_kernel(
                 t_hi = (pid * CH + CH - 1) // BH  # a chunk spans at most two H tiles (CH <= BH)
                 if NCH * CH > H:  # the last chunk ends past H (a grid that does not divide it)
                     t_hi = tl.minimum(pid * CH + CH - 1, H - 1) // BH
-                _wait_count(sync + NSL + t_lo, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
-                if t_hi != t_lo:
-                    _wait_count(sync + NSL + t_hi, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
+                if not PS:
+                    _wait_count(sync + NSL + t_lo, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
+                    if t_hi != t_lo:
+                        _wait_count(sync + NSL + t_hi, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                 _stamp(sub_row, 7, IS_HIP, INTERP, TIMELINE)
                 ypart = _as(scratch, SC_YPART, tl.float32)
                 jj = tl.arange(0, JB)
                 yo = rows[:, None] * H + ccols[None, :]
                 j0 = n_act * 0
+                n_done = n_act * 0  # (PS) the partials of the slots done so far, a prefix
                 while j0 < n_act:
+                    if PS:
+                        if n_done < tl.minimum(j0 + JB, n_act):
+                            n_done = _wait_prefix(sync + PSO, t_lo, t_hi, n_act // KH,
+                                                  (tl.minimum(j0 + JB, n_act) + KH - 1) // KH, KH, NHT, NSLP2,
+                                                  fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK) * KH
                     js = j0 + jj
                     v = tl.load(ypart + (js[:, None, None] * S * H).to(tl.int64) + yo[None, :, :],
                                 mask=(js < n_act)[:, None, None] & m2[None, :, :], other=0.0, cache_modifier=".cg")
@@ -1436,7 +1484,11 @@ def geometry(key) -> dict:
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t)
     nsl, nht = max(1, nslot), H // bh
-    qoff = nsl + nht + (nsl * nt if ks > 1 else 0)
+    # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
+    # tile), not after the tile's last slot (one counter per tile)
+    ps = int(bool(tune.get("PS", 0)) and nslot > 0)
+    pso = nsl + nht + (nsl * nt if ks > 1 else 0)
+    qoff = pso + (nsl * nht if ps else 0)
     nsync = qoff + dq
     seg = -(-nsync // blocks)
     # NSS: the pipeline depth at up to 4 tokens, where SQ=4 leaves shared memory for more stages
@@ -1447,7 +1499,7 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rowtop, NSL=nsl,
-                NSYNC=nsync, QOFF=qoff, SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
+                NSYNC=nsync, QOFF=qoff, PS=ps, PSO=pso, NSLP2=_p2(nsl), SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 RP=rp, CPPP2=_p2(-(-nch // rp)), **extra)
 
 
