@@ -629,27 +629,11 @@ def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.c
 
 
 @triton.jit
-def _done_prefix(cnt, sl, m, t_lo, t_hi, KH: tl.constexpr, NHT: tl.constexpr, NSLP2: tl.constexpr,
-                 IS_HIP: tl.constexpr, INTERP: tl.constexpr):
-    # one acquire read per slot and tile, all in flight together. On NVIDIA plain acquire loads:
-    # the ~11 CTAs of a tile's chunks poll the same counters, which atomics would serialize in L2
-    # (dev round 79: 0.5-0.9 us slower at 1-4 tokens with atomics)
-    a = _read_acquire(cnt, sl, m, t_lo, NHT, IS_HIP, INTERP)
-    b = a
-    if t_hi != t_lo:  # a chunk across two H tiles
-        b = _read_acquire(cnt, sl, m, t_hi, NHT, IS_HIP, INTERP)
+def _done_prefix(cnt, sl, m, t_lo, t_hi, KH: tl.constexpr, NHT: tl.constexpr, NSLP2: tl.constexpr):
+    # one acquire read per slot and tile, all in flight together
+    a = tl.atomic_add(cnt + sl * NHT + t_lo, 0, mask=m, sem="acquire", scope="gpu")
+    b = tl.atomic_add(cnt + sl * NHT + t_hi, 0, mask=m, sem="acquire", scope="gpu")
     return tl.min(tl.where(((a >= KH) & (b >= KH)) | ~m, NSLP2, sl), axis=0)
-
-
-@triton.jit
-def _read_acquire(cnt, sl, m, t, NHT: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
-    if IS_HIP | INTERP:
-        v = tl.atomic_add(cnt + sl * NHT + t, 0, mask=m, sem="acquire", scope="gpu")
-    else:
-        q = cnt + tl.where(m, sl, 0) * NHT + t  # masked lanes read slot 0 (their value is not used)
-        v = tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [q], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-    return v
 
 
 @triton.jit
@@ -660,7 +644,7 @@ def _wait_prefix(cnt, t_lo, t_hi, n_sl, need, KH: tl.constexpr, NHT: tl.constexp
     ``need`` returned, as a count that timed out is passed)."""
     sl = tl.arange(0, NSLP2)
     m = sl < n_sl
-    p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2, IS_HIP, INTERP), n_sl)
+    p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2), n_sl)
     if p < need:
         t0 = now_u(IS_HIP, INTERP)
         deadline = t0 + 4 * timeout_ns
@@ -670,7 +654,7 @@ def _wait_prefix(cnt, t_lo, t_hi, n_sl, need, KH: tl.constexpr, NHT: tl.constexp
         n = 0
         while (p < need) & (t <= deadline):
             _backoff(IS_HIP, INTERP)
-            p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2, IS_HIP, INTERP), n_sl)
+            p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2), n_sl)
             n += 1
             if n % CHK == 0:
                 t = now_u(IS_HIP, INTERP)
