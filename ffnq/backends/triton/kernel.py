@@ -36,7 +36,8 @@ step does, for one width S:
      -- no barrier: a stage-2 item waits for done1[j] == I_R/BN --
   D  stage 2  work items (active expert j, BH-row tile of H): ypart[j]^T = sum_k scale_k (w2 tile_k) @
               act[j]^T (swap AB, fp16 operands), fp32 scratch; done2[tile] += 1.
-     -- no barrier: the sum of a chunk waits for done2 of its H tiles == n_active --
+     -- no barrier: the sum of a chunk waits for done2 of its H tiles == n_active (PS, off: a count
+        per slot and tile, and the sum takes the leading slots done so far) --
   E  sum      CTA c sums ypart over j in slot order for its column chunk (deterministic), the
               MoE partial of the chunk;
      reduce   push the chunk to every peer's moe slot, publish REDUCE flags, wait, sum in rank
