@@ -469,8 +469,8 @@ def test_interpreter_items_taken_from_counters(monkeypatch):
 
 
 def test_progressive_sum_counters(monkeypatch):
-    """PS=1: a counter per (slot, H tile) after the split-K arrivals, before the work counter;
-    off by default and where a build has no slots."""
+    """PS=1 or 2: a counter per (slot, H tile) after the split-K arrivals, before the work
+    counter; off by default and where a build has no slots; other values refused."""
     from ffnq.backends.triton import kernel as K
     spec = load_model("minimax-m2")
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
@@ -482,6 +482,13 @@ def test_progressive_sum_counters(monkeypatch):
     assert g1["PS"] == 1 and g1["PSO"] == g0["PSO"] and g1["QOFF"] == g1["PSO"] + g1["NSL"] * nht
     assert g1["NSYNC"] == g0["NSYNC"] + g1["NSL"] * nht and g1["NSLP2"] >= g1["NSL"]
     assert K.geometry(offline.build_key(spec, 1, Experts.NONE, 16))["PS"] == 0
+    # PS=2 polls by loads: a lane per thread, so the prefix's min crosses the warps (dev round 80)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PS=2")
+    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 2))["NSLP2"] == 32 * K.NUM_WARPS
+    assert offline.NUM_WARPS == TritonRunner.NUM_WARPS == K.NUM_WARPS
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PS=3")
+    with pytest.raises(ValueError, match="PS=3"):
+        K.geometry(offline.build_key(spec, 1, Experts.ALL, 2))
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")

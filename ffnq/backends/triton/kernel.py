@@ -630,22 +630,38 @@ def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.c
 
 
 @triton.jit
-def _done_prefix(cnt, sl, m, t_lo, t_hi, KH: tl.constexpr, NHT: tl.constexpr, NSLP2: tl.constexpr):
+def _done_prefix(cnt, sl, m, t_lo, t_hi, KH: tl.constexpr, NHT: tl.constexpr, NSLP2: tl.constexpr,
+                 PS: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
     # one acquire read per slot and tile, all in flight together
-    a = tl.atomic_add(cnt + sl * NHT + t_lo, 0, mask=m, sem="acquire", scope="gpu")
-    b = tl.atomic_add(cnt + sl * NHT + t_hi, 0, mask=m, sem="acquire", scope="gpu")
+    if (PS == 2) & (not IS_HIP) & (not INTERP):
+        # PS=2: acquire loads (the chunks of a tile poll the same counters, which atomics would
+        # serialize). Unlike an atomic's, a load's result is not broadcast through shared
+        # memory: the vector has a lane per thread (NSLP2 >= 128, geometry), so the min below
+        # crosses the warps through shared memory behind a barrier, and every warp gets the
+        # same prefix (dev round 80: with 16-32 lanes each warp reduced its own copy, the warps
+        # disagreed, and the sum read partials not yet written)
+        q = cnt + tl.where(m, sl, 0) * NHT  # masked lanes read slot 0; their value is not used
+        a = tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [q + t_lo], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        b = a
+        if t_hi != t_lo:
+            b = tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [q + t_hi],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        a = tl.atomic_add(cnt + sl * NHT + t_lo, 0, mask=m, sem="acquire", scope="gpu")
+        b = tl.atomic_add(cnt + sl * NHT + t_hi, 0, mask=m, sem="acquire", scope="gpu")
     return tl.min(tl.where(((a >= KH) & (b >= KH)) | ~m, NSLP2, sl), axis=0)
 
 
 @triton.jit
 def _wait_prefix(cnt, t_lo, t_hi, n_sl, need, KH: tl.constexpr, NHT: tl.constexpr, NSLP2: tl.constexpr,
-                 fault, e, rank, timeout_ns, pid, IS_HIP: tl.constexpr, INTERP: tl.constexpr, CHK: tl.constexpr):
+                 PS: tl.constexpr, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constexpr, INTERP: tl.constexpr, CHK: tl.constexpr):
     """(PS) How many leading slots have all KH parts of H tiles t_lo and t_hi done (cnt: [slot][NHT]
     counters), polled until at least ``need``; bounded as _spin_count (a fault recorded, then
     ``need`` returned, as a count that timed out is passed)."""
     sl = tl.arange(0, NSLP2)
     m = sl < n_sl
-    p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2), n_sl)
+    p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2, PS, IS_HIP, INTERP), n_sl)
     if p < need:
         t0 = now_u(IS_HIP, INTERP)
         deadline = t0 + 4 * timeout_ns
@@ -655,7 +671,7 @@ def _wait_prefix(cnt, t_lo, t_hi, n_sl, need, KH: tl.constexpr, NHT: tl.constexp
         n = 0
         while (p < need) & (t <= deadline):
             _backoff(IS_HIP, INTERP)
-            p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2), n_sl)
+            p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2, PS, IS_HIP, INTERP), n_sl)
             n += 1
             if n % CHK == 0:
                 t = now_u(IS_HIP, INTERP)
@@ -1200,7 +1216,7 @@ def ffn_kernel(
                     if PS:
                         if n_done < tl.minimum(j0 + JB, n_act):
                             n_done = _wait_prefix(sync + PSO, t_lo, t_hi, n_act // KH,
-                                                  (tl.minimum(j0 + JB, n_act) + KH - 1) // KH, KH, NHT, NSLP2,
+                                                  (tl.minimum(j0 + JB, n_act) + KH - 1) // KH, KH, NHT, NSLP2, PS,
                                                   fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK) * KH
                     js = j0 + jj
                     v = tl.load(ypart + (js[:, None, None] * S * H).to(tl.int64) + yo[None, :, :],
@@ -1262,6 +1278,7 @@ def clock_kernel(out, IS_HIP: tl.constexpr):
 MODES = {"all": 0, "local": 1, "none": 2}
 STAGES = (1, 6, 2, 3, 4, 5, 7, 8)  # seam push/publish, seam wait+sum, router, top-k+stage 1, stage 2,
 #                                    sum+reduce push/publish, reduce wait+out (+handshake publish), handshake wait+end
+NUM_WARPS = 4  # warps per CTA, as TritonRunner and offline builds launch it
 NUM_STAGES_EXPERTS = 4  # software-pipeline depth of the two expert GEMM loops (bytes in flight per SM)
 NUM_STAGES_HIP = 2
 # The SACC=0 path (FFNQ_TRITON_TUNE="SACC=0") multiplies fp8 codes by (block scale x 2^SCALE_SHIFT)
@@ -1487,7 +1504,10 @@ def geometry(key) -> dict:
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
-    ps = int(bool(tune.get("PS", 0)) and nslot > 0)
+    # (PS=2: its polls as acquire loads, not atomics, not yet run on a device)
+    ps = tune.get("PS", 0) if nslot > 0 else 0
+    if ps not in (0, 1, 2):
+        raise ValueError(f"FFNQ_TRITON_TUNE PS={ps}: allowed 0 (off), 1 or 2 (polled by atomics or by loads)")
     pso = nsl + nht + (nsl * nt if ks > 1 else 0)
     qoff = pso + (nsl * nht if ps else 0)
     nsync = qoff + dq
@@ -1500,7 +1520,8 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rowtop, NSL=nsl,
-                NSYNC=nsync, QOFF=qoff, PS=ps, PSO=pso, NSLP2=_p2(nsl), SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
+                NSYNC=nsync, QOFF=qoff, PS=ps, PSO=pso,
+                NSLP2=max(_p2(nsl), 32 * NUM_WARPS) if ps == 2 else _p2(nsl), SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 RP=rp, CPPP2=_p2(-(-nch // rp)), **extra)
 
 

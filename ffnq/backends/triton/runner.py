@@ -43,7 +43,7 @@ class TritonRunner(Runner):
     CTAS_PER_SM = 2
     GRID_FROM_DEVICE = True
     MEASURED_GRID = True
-    NUM_WARPS = 4
+    NUM_WARPS = K.NUM_WARPS
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
 
     @classmethod
