@@ -607,16 +607,24 @@ def _next_item(w, claimed, BLOCKS: tl.constexpr, DQ: tl.constexpr):
 
 
 @triton.jit
+def _count_deadline(timeout_ns, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
+    """(now, the bound) of a wait for a count of this launch's own work: 4x timeout, a last resort.
+    None in the interpreter: no clock there, and the staged launches finish every count first."""
+    t0 = now_u(IS_HIP, INTERP)
+    deadline = t0 + 4 * timeout_ns
+    if INTERP:
+        deadline = t0 - 1
+    return t0, deadline
+
+
+@triton.jit
 def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, IS_HIP: tl.constexpr,
                 INTERP: tl.constexpr, CHK: tl.constexpr):
     """Spin until the GPU-local counter *ptr has grown by ``need`` from ``base`` (v: its last value
     read). The count is work of other CTAs of this launch and always arrives, so the bound, 4x
     timeout, is a last resort that records a fault; the clock is read every CHK polls."""
     if v - base < need:
-        t0 = now_u(IS_HIP, INTERP)
-        deadline = t0 + 4 * timeout_ns
-        if INTERP:  # no clock there; the staged launches finish every count before its use
-            deadline = t0 - 1
+        t0, deadline = _count_deadline(timeout_ns, IS_HIP, INTERP)
         t = t0
         n = 0
         while (v - base < need) & (t <= deadline):
@@ -663,10 +671,7 @@ def _wait_prefix(cnt, t_lo, t_hi, n_sl, need, KH: tl.constexpr, NHT: tl.constexp
     m = sl < n_sl
     p = tl.minimum(_done_prefix(cnt, sl, m, t_lo, t_hi, KH, NHT, NSLP2, PS, IS_HIP, INTERP), n_sl)
     if p < need:
-        t0 = now_u(IS_HIP, INTERP)
-        deadline = t0 + 4 * timeout_ns
-        if INTERP:  # no clock there; the staged launches finish every count before its use
-            deadline = t0 - 1
+        t0, deadline = _count_deadline(timeout_ns, IS_HIP, INTERP)
         t = t0
         n = 0
         while (p < need) & (t <= deadline):
