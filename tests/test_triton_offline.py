@@ -106,6 +106,12 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     dq = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s))["DQ"] for tp in (1, 2) for s in range(1, 17)}
     assert [s for s in range(1, 17) if dq[1, s]] == list(range(4, 16))
     assert not any(dq[2, s] for s in range(1, 17))
+    # v31: five stage-1 pipeline stages, stage 2 at four, at TP1's 4-6 and 9-11 tokens (dev rounds
+    # 75-77); three at 1-3 (three CTAs per SM), four elsewhere; TP2 keeps four
+    ns = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
+    assert [s for s in range(1, 17) if ns[1, s]["NS"] == 5] == [4, 5, 6, 9, 10, 11]
+    assert all(ns[1, s]["NS2"] == 4 for s in range(4, 17)) and ns[1, 3]["NS"] == ns[1, 3]["NS2"] == 3
+    assert all(ns[2, s]["NS"] == ns[2, s]["NS2"] == 4 for s in range(1, 17))
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["KS"] == 1
     monkeypatch.setattr(K, "_measured_table", lambda: {"tiny": {"tp1": {"w1": {"LL": 0}}}})
