@@ -638,6 +638,13 @@ def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.c
 
 
 @triton.jit
+def _ld_acquire(ptr):
+    """An acquire load at GPU scope per element (NVIDIA): each thread loads its own lanes."""
+    return tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
 def _done_prefix(cnt, sl, m, t_lo, t_hi, KH: tl.constexpr, NHT: tl.constexpr, NSLP2: tl.constexpr,
                  PS: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
     # one acquire read per slot and tile, all in flight together
@@ -649,12 +656,10 @@ def _done_prefix(cnt, sl, m, t_lo, t_hi, KH: tl.constexpr, NHT: tl.constexpr, NS
         # same prefix (dev round 80: with 16-32 lanes each warp reduced its own copy, the warps
         # disagreed, and the sum read partials not yet written)
         q = cnt + tl.where(m, sl, 0) * NHT  # masked lanes read slot 0; their value is not used
-        a = tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [q + t_lo], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+        a = _ld_acquire(q + t_lo)
         b = a
         if t_hi != t_lo:
-            b = tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [q + t_hi],
-                                          dtype=tl.int32, is_pure=False, pack=1)
+            b = _ld_acquire(q + t_hi)
     else:
         a = tl.atomic_add(cnt + sl * NHT + t_lo, 0, mask=m, sem="acquire", scope="gpu")
         b = tl.atomic_add(cnt + sl * NHT + t_hi, 0, mask=m, sem="acquire", scope="gpu")
@@ -1219,10 +1224,10 @@ def ffn_kernel(
                 n_done = n_act * 0  # (PS) the partials of the slots done so far, a prefix
                 while j0 < n_act:
                     if PS:
-                        if n_done < tl.minimum(j0 + JB, n_act):
-                            n_done = _wait_prefix(sync + PSO, t_lo, t_hi, n_act // KH,
-                                                  (tl.minimum(j0 + JB, n_act) + KH - 1) // KH, KH, NHT, NSLP2, PS,
-                                                  fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK) * KH
+                        j1 = tl.minimum(j0 + JB, n_act)  # this batch's partials must be done
+                        if n_done < j1:
+                            n_done = _wait_prefix(sync + PSO, t_lo, t_hi, n_act // KH, (j1 + KH - 1) // KH, KH, NHT,
+                                                  NSLP2, PS, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK) * KH
                     js = j0 + jj
                     v = tl.load(ypart + (js[:, None, None] * S * H).to(tl.int64) + yo[None, :, :],
                                 mask=(js < n_act)[:, None, None] & m2[None, :, :], other=0.0, cache_modifier=".cg")
@@ -1510,9 +1515,10 @@ def geometry(key) -> dict:
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
     # (PS=2: its polls as acquire loads, not atomics, not yet run on a device)
-    ps = tune.get("PS", 0) if nslot > 0 else 0
+    ps = tune.get("PS", 0)
     if ps not in (0, 1, 2):
         raise ValueError(f"FFNQ_TRITON_TUNE PS={ps}: allowed 0 (off), 1 or 2 (polled by atomics or by loads)")
+    ps = ps if nslot > 0 else 0
     pso = nsl + nht + (nsl * nt if ks > 1 else 0)
     qoff = pso + (nsl * nht if ps else 0)
     nsync = qoff + dq
