@@ -148,3 +148,27 @@ def soak_replay(rank, world, steps, result_dir):
         return {"n": dict(soak.n), "mismatches": mismatches, "tied": tied}
     finally:
         soak.job.close()
+
+
+def soak_slow_check(rank, world, result_dir, check_s, timeout_s):
+    """A soak whose fp64 check takes ``check_s``, longer than the kernel's ``timeout_s``: the
+    peers must wait for it on the host, not in the next launch's seam."""
+    import ffnq.reference
+    from ffnq.jobs.records import Records
+    from ffnq.jobs.soak import Soak
+
+    step = ffnq.reference.step
+
+    def slow(*a, **k):
+        time.sleep(check_s)
+        return step(*a, **k)
+
+    ffnq.reference.step = slow
+    opts = {"backend": "cpu", "model": "tiny", "experts": "all", "timeout_s": timeout_s, "seed": 0,
+            "widths": [1, 2], "random_padding": True, "runners": 2, "steps": 2 * world}
+    soak = Soak(opts, Records(result_dir, rank))
+    try:
+        soak.loop(time.perf_counter())
+        return dict(soak.n)
+    finally:
+        soak.job.close()

@@ -33,9 +33,9 @@ def leftovers() -> list[str]:
 def setup_s(tmp_path_factory):
     """Wall time of a healthy 20-step soak at a TP: start-up that a chaos run at that TP also
     pays (three ranks on two cores start slower than two: TP2's was 0.1 s short for TP3 once).
-    Its own waits get 10 s: it measures start-up, not the timeout, and a healthy TP3 soak on two
-    cores once waited 1.0 s at a seam for a rank that was checking a step against fp64 (twice in
-    CI, 2026-12-03)."""
+    Its own waits get 10 s: it measures start-up, not the timeout (it failed CI twice at 1 s on
+    2026-12-03, a peer held in the seam by a rank's fp64 check: the soak now holds them on the
+    host, test_soak_peers_wait_for_a_slow_check_on_the_host)."""
     walls: dict[int, float] = {}
 
     def at(tp: int) -> float:
@@ -77,6 +77,18 @@ def test_soak_near_tie_row_checked_against_the_kernels_pick(tmp_path):
     for r in got:
         assert r["n"]["mismatches"] == 0 and r["n"]["faults"] == 0, r["mismatches"]
     assert got[0]["n"]["checked"] == 2 and got[1]["n"]["checked"] == 0
+
+
+def test_soak_peers_wait_for_a_slow_check_on_the_host(tmp_path):
+    """The rank that checks a step against fp64 holds the others in the checksums' all_gather,
+    not in the next launch's seam wait, whose timeout is the kernel's (a TP3 cpu soak on two
+    cores once faulted there, the check of an early step past the 1 s timeout)."""
+    import rankfns
+    from multirank import run_ranks
+
+    got = run_ranks(rankfns.soak_slow_check, 2, str(tmp_path), 1.5, 0.5, timeout=300)
+    for n in got:
+        assert n["faults"] == 0 and n["mismatches"] == 0 and n["steps"] == 4 and n["checked"] == 2, got
 
 
 @pytest.mark.slow

@@ -129,7 +129,10 @@ class Soak:
             time.sleep(HANG_S)
 
     def check(self, step, s, parts, residual, slots, out, res_out, r) -> None:
-        # every step: all ranks hold the same reduced output
+        # rank step % tp compares with fp64 before the checksums' all_gather: the all_gather
+        # holds the peers on the host until it is done, not in the next launch's seam wait,
+        # whose timeout would otherwise count the check (a TP3 cpu soak on two cores faulted so)
+        verdict = self.versus_reference(step, s, parts, residual, slots, out, res_out, r)
         mine = checksum(out, res_out)
         if self.tp > 1:
             got = [torch.zeros_like(mine) for _ in range(self.tp)]
@@ -139,9 +142,23 @@ class Soak:
                 self.n["mismatches"] += 1
                 self.rec.row("mismatch", {"step": step, "width": s, "rank": self.rank, "why": "ranks disagree"})
                 return
-        if step % self.tp != self.rank or (step // self.tp) % self.check_every:
+        if verdict is None:
             return
+        ok, row, ref_out = verdict
         self.n["checked"] += 1
+        hist = self.history.setdefault(s, deque(maxlen=4))
+        if not ok:
+            self.n["mismatches"] += 1
+            # an output equal to an earlier step's expected one of this width: another epoch's data
+            stale = any(reference.compare(out, old)["wrong"] == 0 for old in hist)
+            self.n["stale"] += stale
+            self.rec.row("mismatch", {"step": step, "width": s, "rank": self.rank, "stale": stale, **row})
+        hist.append(ref_out)
+
+    def versus_reference(self, step, s, parts, residual, slots, out, res_out, r) -> tuple | None:
+        """(ok, the mismatch row's numbers, the fp64 output) on the steps this rank checks, else None."""
+        if step % self.tp != self.rank or (step // self.tp) % self.check_every:
+            return None
         # a near-tie row may pick either side: the oracle follows the kernel's pick there when it
         # is admissible, so that row's output is checked against the experts really used
         route = r.chosen(s).to(residual.device)
@@ -150,15 +167,7 @@ class Soak:
         c, cr = reference.compare(out, ref.out), reference.compare(res_out, ref.res_out)
         route_ok = bool((route == ref.chosen).all())
         ok = c["rel_err"] <= reference.MAX_REL_ERR and c["wrong"] == 0 and cr["wrong"] == 0 and route_ok
-        hist = self.history.setdefault(s, deque(maxlen=4))
-        if not ok:
-            self.n["mismatches"] += 1
-            stale = any(reference.compare(out, old)["wrong"] == 0 for old in hist)
-            self.n["stale"] += stale
-            self.rec.row("mismatch", {"step": step, "width": s, "rank": self.rank, "stale": stale,
-                                      "rel_err": c["rel_err"], "wrong": c["wrong"], "route_ok": route_ok,
-                                      "worst": c["worst"]})
-        hist.append(ref.out)
+        return ok, {"rel_err": c["rel_err"], "wrong": c["wrong"], "route_ok": route_ok, "worst": c["worst"]}, ref.out
 
 
 def summarize(recs: list[dict], tp: int, error: str | None = None):
