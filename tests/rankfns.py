@@ -15,9 +15,14 @@ from ffnq.jobs.rank import setup
 from ffnq.spec import Phase, stamp_names
 
 TIMEOUT = 0.5  # s: short enough for fast fault tests, long enough for 3 ranks on 2 cores
+# the soak's options in its rank bodies (the default stream: seed 0, random padding, 2 runners)
+SOAK_OPTS = {"backend": "cpu", "model": "tiny", "experts": "all", "seed": 0, "random_padding": True, "runners": 2}
 
 
 def _check(job, runner, s, case, padding=0, final=False):
+    """One step on every rank, checked against fp64 by each. The ranks start it together: a
+    rank's check of its last step must not count against this step's kernel timeout."""
+    barrier()
     parts, residual, slots = job.inputs(s, case, padding=padding)
     out, res_out = runner(parts[job.rank], residual, job.weights, slots, final=final)
     pad = slots[:s] < 0
@@ -38,7 +43,6 @@ def correctness(rank, world, widths, experts="all", timeline=False, timeout=TIME
     r.warm(job.weights)
     out = []
     for i, s in enumerate(widths):
-        barrier()  # each rank's fp64 check of the last step must not count against the next's timeout
         out.append(_check(job, r, s, case=10 + i, padding=s // 3, final=i % 2 == 1))
     job.close()
     return out
@@ -51,7 +55,6 @@ def shared_epoch(rank, world):
     seen, res = [], []
     for i in range(6):
         r = (a, b)[i % 2]
-        barrier()
         res.append(_check(job, r, (2, 7)[i // 2 % 2], case=i))
         seen.append(int(a.epoch[0]))
     same = a.epoch.data_ptr() == b.epoch.data_ptr()
@@ -65,7 +68,7 @@ def injection(rank, world, late, delay_s, s=4):
     r = job.runner(widths=[s], timeline=True)
     r.warm(job.weights)
     r.inject.copy_(torch.tensor([late + 1, int(delay_s * 1e9)], dtype=torch.int32))
-    barrier()  # start together, so the wait seen is the injected delay, not start-up skew
+    barrier()  # the clock starts once every rank is here, so the wait seen is the injected delay
     t0 = time.monotonic()
     first = _check(job, r, s, case=1, final=True)
     first["wall_s"] = time.monotonic() - t0
@@ -130,8 +133,7 @@ def soak_replay(rank, world, steps, result_dir):
     from ffnq.jobs.records import Records
     from ffnq.jobs.soak import SOAK_CASE, Soak, draw
 
-    opts = {"backend": "cpu", "model": "tiny", "experts": "all", "timeout_s": 10.0, "seed": 0,
-            "widths": list(range(1, 17)), "random_padding": True, "runners": 2, "steps": max(steps) + 1}
+    opts = SOAK_OPTS | {"timeout_s": 10.0, "widths": list(range(1, 17)), "steps": max(steps) + 1}
     soak = Soak(opts, Records(result_dir, rank))
     tied = []
     try:
@@ -166,8 +168,7 @@ def soak_slow_check(rank, world, result_dir, check_s, timeout_s):
         return step(*a, **k)
 
     ffnq.reference.step = slow
-    opts = {"backend": "cpu", "model": "tiny", "experts": "all", "timeout_s": timeout_s, "seed": 0,
-            "widths": [1, 2], "random_padding": True, "runners": 2, "steps": 2 * world}
+    opts = SOAK_OPTS | {"timeout_s": timeout_s, "widths": [1, 2], "steps": 2 * world}
     soak = Soak(opts, Records(result_dir, rank))
     try:
         soak.loop(time.perf_counter())
