@@ -1514,7 +1514,7 @@ def geometry(key) -> dict:
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
-    # (PS=2: its polls as acquire loads, not atomics, not yet run on a device)
+    # (PS=2: its polls as acquire loads, not atomics; dev round 81: correct, no faster, notes/triton-kernel.md)
     ps = tune.get("PS", 0)
     if ps not in (0, 1, 2):
         raise ValueError(f"FFNQ_TRITON_TUNE PS={ps}: allowed 0 (off), 1 or 2 (polled by atomics or by loads)")
