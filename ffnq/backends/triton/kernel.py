@@ -286,16 +286,20 @@ def _store_x(scratch, offs, m2, xc, xsig, S: tl.constexpr, H: tl.constexpr, SC_X
 
 
 @triton.jit
-def _fr_loads(part, residual, post_norm, router, rows_r, rmask_r, ecol, emask, H: tl.constexpr, HP2: tl.constexpr):
-    """FR: the whole rows of residual and part [RT, HP2], post_norm [HP2], and the router rows of
-    this CTA's experts [EPCP2, HP2]: loads only, issued together."""
+def _fr_rows(part, residual, rows_r, rmask_r, H: tl.constexpr, HP2: tl.constexpr):
+    """FR: the whole rows of residual and part [RT, HP2]: loads only, issued together."""
     hh = tl.arange(0, HP2)
-    hm = hh < H
     fo = rows_r[:, None] * H + hh[None, :]
-    fm = rmask_r[:, None] & hm[None, :]
-    return (tl.load(residual + fo, mask=fm, other=0.0), tl.load(part + fo, mask=fm, other=0.0),
-            _post_norm_all(post_norm, H, HP2),
-            tl.load(router + ecol[:, None].to(tl.int64) * H + hh[None, :], mask=emask[:, None] & hm[None, :],
+    fm = rmask_r[:, None] & (hh < H)[None, :]
+    return tl.load(residual + fo, mask=fm, other=0.0), tl.load(part + fo, mask=fm, other=0.0)
+
+
+@triton.jit
+def _fr_weights(post_norm, router, ecol, emask, H: tl.constexpr, HP2: tl.constexpr):
+    """FR: post_norm [HP2] and the router rows of this CTA's experts [EPCP2, HP2]."""
+    hh = tl.arange(0, HP2)
+    return (_post_norm_all(post_norm, H, HP2),
+            tl.load(router + ecol[:, None].to(tl.int64) * H + hh[None, :], mask=emask[:, None] & (hh < H)[None, :],
                     other=0.0))
 
 
@@ -721,7 +725,7 @@ def ffn_kernel(
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
     RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
-    PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr,
+    PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -740,12 +744,39 @@ def ffn_kernel(
     C_HS_DONE: tl.constexpr = 8 + 3 * TP
     C_END: tl.constexpr = 9 + 3 * TP
 
+    # (EW) the weights phase A and the top-k read (router, post_norm, router_bias), issued before
+    # the wait below: no kernel writes them between launches, so their HBM latency (cold after
+    # the last launch's expert streams) runs beside the previous launch's exit
+    EWL: tl.constexpr = EW & PRE & (STAGE == 0)
+    if EWL:
+        pid = tl.program_id(0)
+        rows = tl.arange(0, SP)
+        rmask = rows < S
+        ccols = pid * CH + tl.arange(0, CHP2)  # this CTA's column chunk (seam, stage 2, reduce)
+        cmask = (tl.arange(0, CHP2) < CH) & (ccols < H) & (pid < NCH)
+        m2 = rmask[:, None] & cmask[None, :]
+        rows_r = tl.arange(0, RT)  # router/top-k row tile: next_pow2(S), not 16
+        rmask_r = rows_r < S
+        ecols = tl.arange(0, EP2)
+        evalid = ecols < E
+        ecol = pid * EPC + tl.arange(0, EPCP2)  # this CTA's experts, whose logits it makes (rows <= 4, FR)
+        emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
+        if FR == 0:
+            rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
+                           mask=cmask[:, None] & evalid[None, :], other=0.0)
+        pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
+        if F8:
+            pn_all = _post_norm_all(post_norm, H, HP2)
+        if FR:
+            fr_pn, fr_rw = _fr_weights(post_norm, router, ecol, emask, H, HP2)
+        bias_e = tl.load(router_bias + ecols, mask=evalid, other=0.0)
     if PDL:
         # launched early beside the previous kernel (programmatic dependent launch): wait for it
-        # to finish and flush before reading anything, then let the next launch get ready
+        # to finish and flush before reading anything it may write, then let the next launch get ready
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    pid = tl.program_id(0)
+    if not EWL:
+        pid = tl.program_id(0)
     timeout_ns = tl.load(cfg)
     fault = _as(scratch, SC_FAULT, tl.int64)
     tl_row = _as(scratch, SC_TL, tl.int64) + pid * NCOL
@@ -762,17 +793,18 @@ def ffn_kernel(
             who = tl.load(inject)
     e = tl.where(e <= 0, 1, e)  # 1..2^31-1: 0 is the cleared value, -e marks a fault
     par = (e & 1).to(tl.int64)
-    rows = tl.arange(0, SP)
-    rmask = rows < S
-    ccols = pid * CH + tl.arange(0, CHP2)  # this CTA's column chunk (seam, stage 2, reduce)
-    cmask = (tl.arange(0, CHP2) < CH) & (ccols < H) & (pid < NCH)
-    m2 = rmask[:, None] & cmask[None, :]
-    rows_r = tl.arange(0, RT)  # router/top-k row tile: next_pow2(S), not 16
-    rmask_r = rows_r < S
-    ecols = tl.arange(0, EP2)
-    evalid = ecols < E
-    ecol = pid * EPC + tl.arange(0, EPCP2)  # this CTA's experts, whose logits it makes (rows <= 4, FR)
-    emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
+    if not EWL:  # (EW computes them above, for its loads)
+        rows = tl.arange(0, SP)
+        rmask = rows < S
+        ccols = pid * CH + tl.arange(0, CHP2)  # this CTA's column chunk (seam, stage 2, reduce)
+        cmask = (tl.arange(0, CHP2) < CH) & (ccols < H) & (pid < NCH)
+        m2 = rmask[:, None] & cmask[None, :]
+        rows_r = tl.arange(0, RT)  # router/top-k row tile: next_pow2(S), not 16
+        rmask_r = rows_r < S
+        ecols = tl.arange(0, EP2)
+        evalid = ecols < E
+        ecol = pid * EPC + tl.arange(0, EPCP2)  # this CTA's experts, whose logits it makes (rows <= 4, FR)
+        emask = (tl.arange(0, EPCP2) < EPC) & (ecol < E)
 
     if F8 & ((STAGE == 2) | (STAGE == 3) | ((STAGE == 6) & (FR != 0))):  # staged launches: x's range here
         xsig = _xsig(post_norm, H, HP2)
@@ -790,16 +822,18 @@ def ffn_kernel(
             # here would hold the push until its bytes came): at TP1 they took ~3 us after it
             # (the same loads as the seam's below, written out: as a helper they moved the default
             # build's sm_90 schedule at 16 tokens)
-            if FR == 0:  # (FR reads whole router rows instead)
-                rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
-                               mask=cmask[:, None] & evalid[None, :], other=0.0)
-            pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
+            if not EWL:
+                if FR == 0:  # (FR reads whole router rows instead)
+                    rt_c = tl.load(router + ecols[None, :].to(tl.int64) * H + ccols[:, None],
+                                   mask=cmask[:, None] & evalid[None, :], other=0.0)
+                pn_c = tl.load(post_norm + ccols, mask=cmask, other=0.0)
             h = tl.load(residual + offs, mask=m2, other=0.0).to(tl.float32)
-            if F8:
+            if F8 & (not EWL):
                 pn_all = _post_norm_all(post_norm, H, HP2)
             if FR:  # the whole rows and this CTA's router rows, before any store (a store would hold them)
-                fr_res, fr_part, fr_pn, fr_rw = _fr_loads(part, residual, post_norm, router, rows_r, rmask_r, ecol,
-                                                          emask, H, HP2)
+                fr_res, fr_part = _fr_rows(part, residual, rows_r, rmask_r, H, HP2)
+                if not EWL:
+                    fr_pn, fr_rw = _fr_weights(post_norm, router, ecol, emask, H, HP2)
         if not FW:
             fe = tl.load(fault + F_EPOCH, cache_modifier=".cg")
         faulted = fe == e.to(tl.int64)
@@ -852,8 +886,8 @@ def ffn_kernel(
             # logits need no other CTA's partials, and phase B's work is done here: one grid
             # barrier before the top-k, not two and a pass over every chunk's partial logits
             if not (PRE & (STAGE == 0)):
-                fr_res, fr_part, fr_pn, fr_rw = _fr_loads(part, residual, post_norm, router, rows_r, rmask_r, ecol,
-                                                          emask, H, HP2)
+                fr_res, fr_part = _fr_rows(part, residual, rows_r, rmask_r, H, HP2)
+                fr_pn, fr_rw = _fr_weights(post_norm, router, ecol, emask, H, HP2)
             hf = fr_res.to(tl.float32) + fr_part.to(tl.float32)  # [RT, HP2], as the chunk's h
             rstd_r = 1.0 / tl.sqrt_rn(tl.sum(hf * hf, axis=1) / H + EPS)  # [RT], the same in every CTA
             dot = tl.sum((hf * fr_pn[None, :])[:, None, :] * fr_rw[None, :, :], axis=2)  # [RT, EPCP2]
@@ -911,7 +945,10 @@ def ffn_kernel(
             vpl = tl.load(_as(scratch, SC_PLOG, tl.float32) + (cq[:, None] * S + rr) * EP2 + ecols[None, :],
                           mask=((tl.arange(0, CPPP2) < CPP) & (cq < NCH) & (rr < S))[:, None] & evalid[None, :],
                           other=0.0)
-            bias_r = tl.load(router_bias + ecols, mask=evalid, other=0.0)  # for the row's last arriver
+            if EWL:
+                bias_r = bias_e
+            else:
+                bias_r = tl.load(router_bias + ecols, mask=evalid, other=0.0)  # for the row's last arriver
             pad1 = tl.load(slots + rr + tl.arange(0, 1), mask=rr < S, other=0) < 0
         else:  # (the logits pass; emask is empty on a CTA past the experts)
             ssq_r = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows_r[None, :],
@@ -980,7 +1017,9 @@ def ffn_kernel(
             lg = tl.load(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecols[None, :],
                          mask=rmask_r[:, None] & evalid[None, :], other=0.0)
             slot = tl.load(slots + rows_r, mask=rmask_r, other=-1)
-            sel, wsel = _topk(lg, tl.load(router_bias + ecols, mask=evalid, other=0.0), ecols, evalid,
+            if not EWL:
+                bias_e = tl.load(router_bias + ecols, mask=evalid, other=0.0)
+            sel, wsel = _topk(lg, bias_e, ecols, evalid,
                               rmask_r & (slot >= 0), K, KP2, EP2, SORT)
             active = tl.max(sel, axis=0)  # [EP2]
             # this CTA's copy of the routing weights, transposed [E][SP]: a work item reads them
@@ -1510,7 +1549,8 @@ def geometry(key) -> dict:
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
-                 SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t)
+                 SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
+                 EW=bool(tune.get("EW", 0)))
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
