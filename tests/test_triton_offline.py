@@ -497,6 +497,29 @@ def test_progressive_sum_counters(monkeypatch):
         K.geometry(offline.build_key(spec, 1, Experts.ALL, 2))
 
 
+def test_early_weights_default_and_settling(monkeypatch):
+    """EW (v32): TP1 builds read their weights before the PDL wait, TP2's do not unless asked;
+    the runner waits for the stream once per set of weight tensors it has not seen, and a new
+    tensor at a freed one's address is a new set."""
+    import torch
+    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton.runner import SettledWeights
+    spec = load_model("minimax-m2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
+    assert [K.geometry(offline.build_key(spec, tp, Experts.ALL, 4))["EW"] for tp in (1, 2)] == [True, False]
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "EW=0")
+    assert not K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))["EW"]
+    seen = SettledWeights()
+    a = [torch.ones(4), torch.ones(8), torch.ones(2)]
+    assert seen.first(a) and not seen.first(a) and not seen.first(list(a))
+    b = [a[0], torch.ones(8), a[2]]  # one tensor replaced: a set not waited for
+    assert seen.first(b) and not seen.first(b)
+    addr = a[1].data_ptr()
+    del a, b
+    c = [torch.ones(4), torch.ones(8), torch.ones(2)]  # maybe at the freed addresses: still new
+    assert seen.first(c) and len(seen._refs) == 1, (addr, c[1].data_ptr())
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune, blocks", [("", None), ("KH=2", None), ("", 7)])
 def test_interpreter_progressive_sum(tune, blocks, monkeypatch):

@@ -47,6 +47,12 @@ step does, for one width S:
               barrier 1 in the fused launch (every CTA has read it by then), by the last CTA out
               (exit count) in staged launches.
 
+Before the PDL wait (EW, TP1's default) every CTA issues its loads of the weights phase A and the
+top-k read (router, post_norm, router_bias): nothing writes them between launches, and their
+latency then runs beside the previous launch's exit. The runner waits for the stream once
+before the first launch on new weight tensors (a kernel that wrote them just before need not be
+visible before the wait); weights written in place between launches break that contract.
+
 At TP1 (SOLO, its default) the seam's and the reduce's exchanges and the handshake are skipped:
 with no peer they are the identity (h = part + residual, out = the sum), so no flag is written.
 At TP1 up to two tokens (FR, v23) every CTA also reads the whole rows in phase A, so rstd and
@@ -1542,6 +1548,13 @@ def geometry(key) -> dict:
     # 122.3, 122.5 against 46.8, 46.8 / 70.9, 70.9 / 101.6, 101.6 / 122.7, 122.6, a stage-2 item the
     # same 10.2-10.5 us at one token: that stage is bound by its bytes in flight, not the conversion
     sq2 = tune.get("SQ2", 4)
+    # EW: the weights phase A and the top-k read (router, post_norm, router_bias) issued before the
+    # PDL wait, so their HBM latency runs beside the previous launch's exit (the runner waits
+    # for the stream once per new weights: TritonRunner.settle). v32, TP1 (dev round 82, side by
+    # side twice, p50 us): 45.9, 45.9 / 70.3, 71.1 / 120.9, 120.8 / 178.5, 178.6 / 293.7, 294.3
+    # against 46.2, 46.2 / 71.3, 71.0 / 121.0, 121.0 / 183.1, 182.3 / 294.3, 294.8 at 1 / 2 / 4 /
+    # 8 / 16 tokens; the profile's router done 1.3-1.8 us sooner after the wait. TP2, not measured
+    # (its builds compile with it: no spills), keeps it off
     if sq2 not in (4, 8, 16):
         raise ValueError(f"FFNQ_TRITON_TUNE SQ2={sq2}: allowed 4, 8 or 16 (stage 2's least act token columns)")
     extra = dict(CHK=tune.get("CHK", 8),
@@ -1550,7 +1563,7 @@ def geometry(key) -> dict:
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
-                 EW=bool(tune.get("EW", 0)))
+                 EW=bool(tune.get("EW", int(key.tp == 1))))
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)

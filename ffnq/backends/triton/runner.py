@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 
 import torch
 
@@ -20,6 +21,24 @@ from ffnq.spec import Experts, ModelSpec, kernel_name
 
 def _interp() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+class SettledWeights:
+    """Which weight tensors the stream has been waited for since they were made. An EW build reads
+    router, post_norm and router_bias before its PDL wait, where the writes of the kernel just
+    before it need not be visible yet; so the first launch on tensors not seen before waits for
+    the stream. Held weakly: tensors freed and new ones at the same address count as new."""
+
+    def __init__(self):
+        self._refs: list[tuple] = []
+
+    def first(self, tensors) -> bool:
+        """True (and from now on seen) when these exact tensor objects were not seen before."""
+        self._refs = [r for r in self._refs if all(x() is not None for x in r)]
+        if any(len(r) == len(tensors) and all(x() is t for x, t in zip(r, tensors)) for r in self._refs):
+            return False
+        self._refs.append(tuple(weakref.ref(t) for t in tensors))
+        return True
 
 
 class TritonRunner(Runner):
@@ -119,6 +138,7 @@ class TritonRunner(Runner):
         self._opts = {sf: K.launch_options(cx) for sf, cx in self._cx.items()}
         self._info: dict[int, dict] = {}
         self._dummy = {}
+        self._settled = SettledWeights()
 
     def scratch_extra(self, key) -> list:
         return K.scratch_extra(key)
@@ -210,8 +230,21 @@ class TritonRunner(Runner):
     def describe(self, width: int) -> dict:
         return dict(self._info.get(width, {"kernel": kernel_name(self.keys[width]), "grid": self.keys[width].blocks}))
 
+    def settle(self, s, weights) -> None:
+        """Before an EW build's launch on weights the stream was not waited for since they were
+        made (see SettledWeights). Not while a CUDA graph is captured: nothing runs then, and a
+        replay comes after the work that made them (they are not taken as settled either)."""
+        cx = self._cx[(s, False)]
+        if not (cx.get("EW") and cx.get("PDL")) or self.device.type != "cuda":
+            return
+        if torch.cuda.is_current_stream_capturing():
+            return
+        if self._settled.first((weights.post_norm, weights.router, weights.router_bias)):
+            torch.cuda.current_stream(self.device).synchronize()
+
     def __call__(self, part, residual, weights, slots, final=False):
         s = self.check_inputs(part, residual, slots)
+        self.settle(s, weights)
         out = torch.empty_like(part)
         res_out = torch.empty_like(residual)
         self._launch(s, self._args(s, part, residual, slots, out, res_out, weights), final)
