@@ -1553,8 +1553,10 @@ def geometry(key) -> dict:
     # for the stream once per new weights: TritonRunner.settle). v32, TP1 (dev round 82, side by
     # side twice, p50 us): 45.9, 45.9 / 70.3, 71.1 / 120.9, 120.8 / 178.5, 178.6 / 293.7, 294.3
     # against 46.2, 46.2 / 71.3, 71.0 / 121.0, 121.0 / 183.1, 182.3 / 294.3, 294.8 at 1 / 2 / 4 /
-    # 8 / 16 tokens; the profile's router done 1.3-1.8 us sooner after the wait. TP2, not measured
-    # (its builds compile with it: no spills), keeps it off
+    # 8 / 16 tokens; the profile's router done 1.3-1.8 us sooner after the wait. Through the CLI
+    # beside v31 (dev round 83, twice): 46.0, 45.9 / 70.3, 70.2 against 46.3, 46.3 / 70.6, 71.4 at
+    # 1 / 2 tokens, 3-16 within the spread both ways (8 tokens' gain above did not come back).
+    # TP2, not measured (its builds compile with it: no spills), keeps it off
     if sq2 not in (4, 8, 16):
         raise ValueError(f"FFNQ_TRITON_TUNE SQ2={sq2}: allowed 4, 8 or 16 (stage 2's least act token columns)")
     extra = dict(CHK=tune.get("CHK", 8),
