@@ -799,7 +799,10 @@ def ffn_kernel(
             who = tl.load(inject)
     e = tl.where(e <= 0, 1, e)  # 1..2^31-1: 0 is the cleared value, -e marks a fault
     par = (e & 1).to(tl.int64)
-    if not EWL:  # (EW computes them above, for its loads)
+    # (EW computes them above, for its loads.) Written out twice, not as a helper: so the builds
+    # without EW keep v31's SASS and those with it the SASS dev rounds 82-83 timed (a helper, or
+    # one copy placed above the wait, moved both: sm_90 SASS compared offline)
+    if not EWL:
         rows = tl.arange(0, SP)
         rmask = rows < S
         ccols = pid * CH + tl.arange(0, CHP2)  # this CTA's column chunk (seam, stage 2, reduce)
