@@ -954,10 +954,8 @@ def ffn_kernel(
             vpl = tl.load(_as(scratch, SC_PLOG, tl.float32) + (cq[:, None] * S + rr) * EP2 + ecols[None, :],
                           mask=((tl.arange(0, CPPP2) < CPP) & (cq < NCH) & (rr < S))[:, None] & evalid[None, :],
                           other=0.0)
-            if EWL:
-                bias_r = bias_e
-            else:
-                bias_r = tl.load(router_bias + ecols, mask=evalid, other=0.0)  # for the row's last arriver
+            if not EWL:
+                bias_e = tl.load(router_bias + ecols, mask=evalid, other=0.0)  # for the row's last arriver
             pad1 = tl.load(slots + rr + tl.arange(0, 1), mask=rr < S, other=0) < 0
         else:  # (the logits pass; emask is empty on a CTA past the experts)
             ssq_r = tl.load(_as(scratch, SC_SSQ, tl.float32) + chs[:, None] * SP + rows_r[None, :],
@@ -991,7 +989,7 @@ def ffn_kernel(
                               axis=0)
                 r1 = rr + tl.arange(0, 1)
                 lg1 = accl[None, :] * tl.sum(tl.where(rows == rr, rstd, 0.0), axis=0)
-                sel1, w1 = _topk(lg1, bias_r, ecols, evalid, pad1 == 0, K, KP2, EP2, SORT)
+                sel1, w1 = _topk(lg1, bias_e, ecols, evalid, pad1 == 0, K, KP2, EP2, SORT)
                 # one shared [E][SP] routing-weight table, and the row's picks for phase C
                 tl.store(_as(scratch, SC_WTAB, tl.float32) + ecols[None, :] * SP + r1[:, None], w1)
                 tl.store(_as(scratch, SC_SEL, tl.int32) + r1[:, None] * EP2 + ecols[None, :], sel1)

@@ -34,9 +34,10 @@ class SettledWeights:
 
     def first(self, tensors) -> bool:
         """True (and from now on seen) when these exact tensor objects were not seen before."""
-        self._refs = [r for r in self._refs if all(x() is not None for x in r)]
-        if any(len(r) == len(tensors) and all(x() is t for x, t in zip(r, tensors)) for r in self._refs):
+        if any(all(x() is t for x, t in zip(r, tensors)) for r in self._refs):
             return False
+        # the sets whose tensors were freed go when a new one comes, not on every launch
+        self._refs = [r for r in self._refs if all(x() is not None for x in r)]
         self._refs.append(tuple(weakref.ref(t) for t in tensors))
         return True
 
@@ -139,6 +140,9 @@ class TritonRunner(Runner):
         self._info: dict[int, dict] = {}
         self._dummy = {}
         self._settled = SettledWeights()
+        # the widths whose builds read weights before the PDL wait (a GPU stream to wait for)
+        self._early = {s for (s, _), cx in self._cx.items() if cx.get("EW") and cx.get("PDL")} \
+            if self.device.type == "cuda" else set()
 
     def scratch_extra(self, key) -> list:
         return K.scratch_extra(key)
@@ -234,10 +238,7 @@ class TritonRunner(Runner):
         """Before an EW build's launch on weights the stream was not waited for since they were
         made (see SettledWeights). Not while a CUDA graph is captured: nothing runs then, and a
         replay comes after the work that made them (they are not taken as settled either)."""
-        cx = self._cx[(s, False)]
-        if not (cx.get("EW") and cx.get("PDL")) or self.device.type != "cuda":
-            return
-        if torch.cuda.is_current_stream_capturing():
+        if s not in self._early or torch.cuda.is_current_stream_capturing():
             return
         if self._settled.first((weights.post_norm, weights.router, weights.router_bias)):
             torch.cuda.current_stream(self.device).synchronize()
