@@ -546,6 +546,67 @@ def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
     assert n_act > 1 and (cnt[:n_act] == g["KH"]).all() and (cnt[n_act:] == 0).all()
 
 
+def test_sum_of_each_rows_own_slots_geometry(monkeypatch):
+    """SPS=1 or 2: off by default; only where phase B picks the rows (the route is written
+    before barrier 2) and PS is off; an expert -> slot table per CTA in the scratch only then;
+    other values refused."""
+    from ffnq.backends.triton import kernel as K
+    spec = load_model("minimax-m2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
+    key = offline.build_key(spec, 1, Experts.ALL, 16)
+    assert K.geometry(key)["SPS"] == 0 and "inv" not in dict((n, s) for n, _, s in K.scratch_extra(key))
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=2")
+    g = K.geometry(key)
+    assert g["SPS"] == 2 and g["ROWTOP"]
+    assert dict((n, s) for n, _, s in K.scratch_extra(key))["inv"] == (key.blocks, g["EP2"])
+    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 2))["SPS"] == 0  # FR: every CTA's top-k
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=1,PS=1")
+    assert K.geometry(key)["SPS"] == 0
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=3")
+    with pytest.raises(ValueError, match="SPS=3"):
+        K.geometry(key)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+@pytest.mark.parametrize("tune", ["SPS=1", "SPS=2", "SPS=2,KH=2"])
+def test_interpreter_sum_of_each_rows_own_slots(tune, monkeypatch):
+    """SPS: phase E sums each row's own K slots (its route mapped by phase C's expert -> slot
+    table), not every active slot. The partials are poisoned (NaN) before a second step with new
+    inputs: it must still match the reference, so the sum read nothing that step did not write;
+    with SPS=2 the partials of a row not routed to a slot's expert stay poisoned (never written)."""
+    import torch
+    from ffnq import reference
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.backends.triton import kernel as K
+    from ffnq.weights import shard, synthetic
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
+    spec, S = load_model("tiny"), 4
+    full = synthetic(spec, seed=5)
+    w = shard(full, spec, 1, 0, Experts.ALL)
+    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
+    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[S], model=spec)
+    slots, live = torch.tensor([0, -1, 2, 3]), torch.tensor([0, 2, 3])
+    g = torch.Generator().manual_seed(12)
+    for step in range(2):
+        part = torch.randn(S, spec.hidden, generator=g).bfloat16()
+        resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
+        if step:
+            r.view(S, "ypart").fill_(float("nan"))
+        out, res = r(part, resid, w, slots)
+        ref = reference.step([part], resid, slots, full, spec)
+        assert reference.compare(out, ref.out, rows=live)["rel_err"] < 1e-2, step
+        assert (out[1] == 0).all() and r.fault(S) is None
+    geo = K.geometry(r.keys[S])
+    assert geo["SPS"] == int(tune[4]) and geo["KH"] == (2 if "KH" in tune else 1)
+    n_act = int(r.view(S, "meta")[0])
+    ecta = r.view(S, "ecta")[0, :n_act].long()
+    inv = r.view(S, "inv")[0].long()
+    assert torch.equal(inv[ecta], torch.arange(n_act)) and int((inv >= 0).sum()) == n_act  # -1: no slot
+    routed = (ref.chosen[:, :, None] == ecta[None, None, :]).any(1)  # [S, n_act]
+    written = ~r.view(S, "ypart").view(-1, geo["KH"], S, spec.hidden)[:n_act].isnan().all(-1)  # [slot, part, row]
+    assert (written == (routed.T[:, None, :] if geo["SPS"] == 2 else True)).all()
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_row_topk_and_split_k(monkeypatch):
     """Six rows, so one CTA per row picks that row's top-k in phase B, and the stage-1 items

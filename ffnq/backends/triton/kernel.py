@@ -731,7 +731,8 @@ def ffn_kernel(
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
     RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
-    PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr,
+    PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
+    SC_INV: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -1040,6 +1041,8 @@ def ffn_kernel(
         slot_of = tl.cumsum(active, axis=0) - 1
         n_active = tl.sum(active, axis=0)
         tl.store(ecta + slot_of, ecols, mask=active > 0)
+        if SPS:  # (SPS) expert -> slot (-1: none here), for the sum's reads of each row's own slots
+            tl.store(_as(scratch, SC_INV, tl.int32) + pid * EP2 + ecols, tl.where(active > 0, slot_of, -1))
         tl.store(meta + pid, n_active)  # this CTA's own count (stage 2 and the sum read it back)
         tl.debug_barrier()
         _stamp(tl_row, C_ROUTER_DONE, IS_HIP, INTERP, TIMELINE)
@@ -1223,8 +1226,11 @@ def ffn_kernel(
                     if A8 == 3:
                         yt8 = yt8 * su
                     y8 = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
+                    ym8 = rq2 < S
+                    if SPS == 2:  # only the rows routed to this expert: the sum reads no other
+                        ym8 &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + rq2, mask=ym8, other=0.0) != 0.0
                     tl.store(ypart + ((j * KH + kh) * S + rq2[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
-                             y8, mask=(rq2 < S)[None, :])
+                             y8, mask=ym8[None, :])
                 else:
                     yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
                     for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
@@ -1232,8 +1238,11 @@ def ffn_kernel(
                                     mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                         wq = tl.load(wbase + kq + k0 + ki[None, :])
                         yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                    ym = rmask
+                    if SPS == 2:
+                        ym &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + rows, mask=ym, other=0.0) != 0.0
                     tl.store(ypart + ((j * KH + kh) * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
-                             yt * (1.0 / SHIFT), mask=rmask[None, :])
+                             yt * (1.0 / SHIFT), mask=ym[None, :])
                 tl.debug_barrier()
                 if PS:  # per (slot, tile): phase E sums a tile's slots as they finish, in slot order
                     tl.atomic_add(sync + PSO + j * NHT + t, 1, sem="release", scope="gpu")
@@ -1258,27 +1267,52 @@ def ffn_kernel(
                 t_hi = (pid * CH + CH - 1) // BH  # a chunk spans at most two H tiles (CH <= BH)
                 if NCH * CH > H:  # the last chunk ends past H (a grid that does not divide it)
                     t_hi = tl.minimum(pid * CH + CH - 1, H - 1) // BH
+                if SPS:
+                    # (SPS) each row's own slots, not every slot: route (phase B's row picks, before
+                    # barrier 2) in expert order, which is slot order, mapped by phase C's table
+                    kk = tl.arange(0, KP2)
+                    rk = rmask[:, None] & (kk < K)[None, :]
+                    rte = tl.load(_as(scratch, SC_ROUTE, tl.int32) + rows[:, None] * K + kk[None, :], mask=rk,
+                                  other=-1, cache_modifier=".cg")
+                    sl = tl.load(_as(scratch, SC_INV, tl.int32) + pid * EP2 + rte, mask=rte >= 0, other=-1,
+                                 cache_modifier=".cg")  # [SP, KP2]
+                    if SPS == 2:  # stage 2 wrote a row's partial only where its weight is not 0
+                        rtw = tl.load(_as(scratch, SC_ROUTEW, tl.float32) + rows[:, None] * K + kk[None, :], mask=rk,
+                                      other=0.0, cache_modifier=".cg")
+                        sl = tl.where(rtw != 0.0, sl, -1)
                 if not PS:
                     _wait_count(sync + NSL + t_lo, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                     if t_hi != t_lo:
                         _wait_count(sync + NSL + t_hi, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                 _stamp(sub_row, 7, IS_HIP, INTERP, TIMELINE)
                 ypart = _as(scratch, SC_YPART, tl.float32)
-                jj = tl.arange(0, JB)
-                yo = rows[:, None] * H + ccols[None, :]
-                j0 = n_act * 0
-                n_done = n_act * 0  # (PS) the partials of the slots done so far, a prefix
-                while j0 < n_act:
-                    if PS:
-                        j1 = tl.minimum(j0 + JB, n_act)  # this batch's partials must be done
-                        if n_done < j1:
-                            n_done = _wait_prefix(sync + PSO, t_lo, t_hi, n_act // KH, (j1 + KH - 1) // KH, KH, NHT,
-                                                  NSLP2, PS, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK) * KH
-                    js = j0 + jj
-                    v = tl.load(ypart + (js[:, None, None] * S * H).to(tl.int64) + yo[None, :, :],
-                                mask=(js < n_act)[:, None, None] & m2[None, :, :], other=0.0, cache_modifier=".cg")
-                    y += tl.sum(v, axis=0)
-                    j0 += JB
+                if SPS:
+                    # the K slots of each row in slot order, each as a [rows, chunk] load (one
+                    # [rows, K, chunk] load held 176 registers at 3 tokens: two CTAs per SM, not three)
+                    yr = (sl * KH * S + rows[:, None]) * H  # < NSLOT x KH x S x H: int32
+                    for k in tl.static_range(K):
+                        yk = tl.sum(tl.where(kk[None, :] == k, yr, 0), axis=1)
+                        ok = tl.sum(tl.where(kk[None, :] == k, sl, 0), axis=1) >= 0
+                        for q in tl.static_range(KH):
+                            y += tl.load(ypart + (yk + q * S * H)[:, None] + ccols[None, :],
+                                         mask=ok[:, None] & cmask[None, :], other=0.0, cache_modifier=".cg")
+                else:
+                    jj = tl.arange(0, JB)
+                    yo = rows[:, None] * H + ccols[None, :]
+                    j0 = n_act * 0
+                    n_done = n_act * 0  # (PS) the partials of the slots done so far, a prefix
+                    while j0 < n_act:
+                        if PS:
+                            j1 = tl.minimum(j0 + JB, n_act)  # this batch's partials must be done
+                            if n_done < j1:
+                                n_done = _wait_prefix(sync + PSO, t_lo, t_hi, n_act // KH, (j1 + KH - 1) // KH, KH,
+                                                      NHT, NSLP2, PS, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP,
+                                                      CHK) * KH
+                        js = j0 + jj
+                        v = tl.load(ypart + (js[:, None, None] * S * H).to(tl.int64) + yo[None, :, :],
+                                    mask=(js < n_act)[:, None, None] & m2[None, :, :], other=0.0, cache_modifier=".cg")
+                        y += tl.sum(v, axis=0)
+                        j0 += JB
         _stamp(tl_row, C_EXPERTS_DONE, IS_HIP, INTERP, TIMELINE)
         offs = rows[:, None] * H + ccols[None, :]
         yb = y.to(tl.bfloat16)
@@ -1575,6 +1609,15 @@ def geometry(key) -> dict:
     if ps not in (0, 1, 2):
         raise ValueError(f"FFNQ_TRITON_TUNE PS={ps}: allowed 0 (off), 1 or 2 (polled by atomics or by loads)")
     ps = ps if nslot > 0 else 0
+    # SPS: phase E reads each row's own K slots (route, mapped to slots) in one batch, not every
+    # active slot's partial in batches of JB (at 16 tokens 68 slots: ~13 MB, the sum ~7 us, dev
+    # round 82); SPS=2 also leaves stage 2's rows of other experts unwritten. Only where phase B
+    # picks the rows (ROWTOP: the route is written before barrier 2) and PS is off
+    sps = tune.get("SPS", 0)
+    if sps not in (0, 1, 2):
+        raise ValueError(f"FFNQ_TRITON_TUNE SPS={sps}: allowed 0 (every slot), 1 (each row's own slots) or 2 "
+                         "(1, and stage 2 writes only those)")
+    sps = sps if rowtop and nslot > 0 and not ps else 0
     pso = nsl + nht + (nsl * nt if ks > 1 else 0)
     qoff = pso + (nsl * nht if ps else 0)
     nsync = qoff + dq
@@ -1587,7 +1630,7 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rowtop, NSL=nsl,
-                NSYNC=nsync, QOFF=qoff, PS=ps, PSO=pso,
+                NSYNC=nsync, QOFF=qoff, PS=ps, PSO=pso, SPS=sps,
                 NSLP2=max(_p2(nsl), 32 * NUM_WARPS) if ps == 2 else _p2(nsl), SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 RP=rp, CPPP2=_p2(-(-nch // rp)), **extra)
 
@@ -1613,6 +1656,8 @@ def scratch_extra(key) -> list:
         out.append(("ypart", torch.float32, (g["NSLOT"] * g["KH"], S, H)))
         if g["KS"] > 1:
             out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
+        if g["SPS"]:  # each CTA's expert -> slot table (phase C), for phase E
+            out.append(("inv", torch.int32, (key.blocks, g["EP2"])))
     return out
 
 
@@ -1626,7 +1671,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_META": "meta",
           "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
           "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
-          "SC_RPART": "rpart", "SC_ACT8": "act8", "SC_ASC": "ascale"}
+          "SC_RPART": "rpart", "SC_ACT8": "act8", "SC_ASC": "ascale", "SC_INV": "inv"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
         g["NS"] = g["NS2"] = NUM_STAGES_HIP
