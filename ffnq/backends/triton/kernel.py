@@ -1192,6 +1192,16 @@ def ffn_kernel(
                     le = (ej - first_expert).to(tl.int64)
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
+                # the rows whose partial this item writes: SPS=2 only those routed to expert ej, as
+                # the sum reads no other (loaded here, not beside the store, which would wait for it)
+                if A8:
+                    ym8 = rq2 < S
+                    if SPS == 2:
+                        ym8 &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + rq2, mask=ym8, other=0.0) != 0.0
+                else:
+                    ym = rmask
+                    if SPS == 2:
+                        ym &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + rows, mask=ym, other=0.0) != 0.0
                 _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                 # claimed once the item's tiles are in: a CTA waiting for them (one with no
                 # stage-1 item waits from the router on) holds no next item meanwhile
@@ -1226,9 +1236,6 @@ def ffn_kernel(
                     if A8 == 3:
                         yt8 = yt8 * su
                     y8 = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
-                    ym8 = rq2 < S
-                    if SPS == 2:  # only the rows routed to this expert: the sum reads no other
-                        ym8 &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + rq2, mask=ym8, other=0.0) != 0.0
                     tl.store(ypart + ((j * KH + kh) * S + rq2[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
                              y8, mask=ym8[None, :])
                 else:
@@ -1238,9 +1245,6 @@ def ffn_kernel(
                                     mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                         wq = tl.load(wbase + kq + k0 + ki[None, :])
                         yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-                    ym = rmask
-                    if SPS == 2:
-                        ym &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + rows, mask=ym, other=0.0) != 0.0
                     tl.store(ypart + ((j * KH + kh) * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
                              yt * (1.0 / SHIFT), mask=ym[None, :])
                 tl.debug_barrier()
