@@ -534,7 +534,8 @@ def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
     slots = torch.tensor([0, -1, 2, 3])
     runs = {}
     for ps in (0, 1):
-        monkeypatch.setenv("FFNQ_TRITON_TUNE", ",".join(t for t in (tune, f"PS={ps}") if t))
+        # (SPS=0: PS sums every slot, as SPS=0 does; SPS's sum of each row's own slots adds in another order)
+        monkeypatch.setenv("FFNQ_TRITON_TUNE", ",".join(t for t in (tune, f"PS={ps}", "SPS=0") if t))
         runs[ps] = _tp1_step(cls, slots, 3, 11)
     r, out, res, ref = runs[1]
     g = K.geometry(r.keys[4])
@@ -547,15 +548,18 @@ def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
 
 
 def test_sum_of_each_rows_own_slots_geometry(monkeypatch):
-    """SPS=1 or 2: off by default; only where phase B picks the rows (the route is written
-    before barrier 2) and PS is off; an expert -> slot table per CTA in the scratch only then;
-    other values refused."""
+    """SPS=1 or 2: 2 by default at TP1 (v33), off at TP2; only where phase B picks the rows (the
+    route is written before barrier 2) and PS is off; an expert -> slot table per CTA in the
+    scratch only then; other values refused."""
     from ffnq.backends.triton import kernel as K
     spec = load_model("minimax-m2")
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     key = offline.build_key(spec, 1, Experts.ALL, 16)
+    key2 = offline.build_key(spec, 2, Experts.ALL, 16)
+    assert K.geometry(key2)["SPS"] == 0 and "inv" not in dict((n, s) for n, _, s in K.scratch_extra(key2))
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=0")
     assert K.geometry(key)["SPS"] == 0 and "inv" not in dict((n, s) for n, _, s in K.scratch_extra(key))
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     g = K.geometry(key)
     assert g["SPS"] == 2 and g["ROWTOP"]
     assert dict((n, s) for n, _, s in K.scratch_extra(key))["inv"] == (key.blocks, g["EP2"])

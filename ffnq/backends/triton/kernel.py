@@ -39,7 +39,9 @@ step does, for one width S:
      -- no barrier: the sum of a chunk waits for done2 of its H tiles == n_active (PS, off: a count
         per slot and tile, and the sum takes the leading slots done so far) --
   E  sum      CTA c sums ypart over j in slot order for its column chunk (deterministic), the
-              MoE partial of the chunk;
+              MoE partial of the chunk; (SPS, TP1's default from 3 rows) each row's own K slots
+              only: the route mapped by phase C's expert -> slot table, and (SPS=2) stage 2
+              writes only those rows of a slot's partial;
      reduce   push the chunk to every peer's moe slot, publish REDUCE flags, wait, sum in rank
               order -> out.
   F  handshake (FINAL, a constexpr: its own compiled variant): publish HANDSHAKE flags to every peer, wait for every peer's.
@@ -1613,11 +1615,17 @@ def geometry(key) -> dict:
     if ps not in (0, 1, 2):
         raise ValueError(f"FFNQ_TRITON_TUNE PS={ps}: allowed 0 (off), 1 or 2 (polled by atomics or by loads)")
     ps = ps if nslot > 0 else 0
-    # SPS: phase E reads each row's own K slots (route, mapped to slots) in one batch, not every
-    # active slot's partial in batches of JB (at 16 tokens 68 slots: ~13 MB, the sum ~7 us, dev
-    # round 82); SPS=2 also leaves stage 2's rows of other experts unwritten. Only where phase B
-    # picks the rows (ROWTOP: the route is written before barrier 2) and PS is off
-    sps = tune.get("SPS", 0)
+    # SPS: phase E reads each row's own K slots (route, mapped to slots), not every active slot's
+    # partial in batches of JB (at 16 tokens 68 slots: ~13 MB, the sum ~7 us, dev round 82);
+    # SPS=2 also leaves stage 2's rows of other experts unwritten (16 tokens: 1.6 of 13.4 MB).
+    # Only where phase B picks the rows (ROWTOP: the route is written before barrier 2) and PS is
+    # off. v33, SPS=2 at TP1 (dev round 84, side by side twice, p50 us at 3 / 4 / 8 / 12 / 16
+    # tokens): 99.8, 99.9 / 119.7, 119.8 / 178.9, 178.6 / 231.7, 232.6 / 281.0, 280.9 against
+    # 99.8, 99.9 / 121.0, 121.0 / 180.5, 181.0 / 237.2, 235.6 / 294.4, 293.1; the profile at 16
+    # tokens: the sum 1.0-1.3 us (median) against 6.9-7.2, stage 2 done 3-4 us sooner (fewer
+    # writes beside the weight stream). SPS=1 (reads only) 101.1, 101.4 at 3 tokens, 289.6, 289.2
+    # at 16. TP2, not measured, keeps it off
+    sps = tune.get("SPS", 2 if key.tp == 1 else 0)
     if sps not in (0, 1, 2):
         raise ValueError(f"FFNQ_TRITON_TUNE SPS={sps}: allowed 0 (every slot), 1 (each row's own slots) or 2 "
                          "(1, and stage 2 writes only those)")
