@@ -680,13 +680,16 @@ def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
                                           (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1"), (Experts.ALL, "PLR=4"),
-                                          (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=1")])
+                                          (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=1"),
+                                          (Experts.ALL, "SPS=2"), (Experts.LOCAL, "SPS=2")])
 def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
     and once with the flagged exchanges (LL=0, CDNA's); ALL again with the seam's partial logits
     over the live rows (PLR=4); LOCAL and ALL with the items from one counter on a grid of 7, so
-    that most items are taken from it (DQ=1: on at TP1's 4-15 tokens, not yet at TP2)."""
+    that most items are taken from it (DQ=1: on at TP1's 4-15 tokens, not yet at TP2); ALL and
+    LOCAL with the sum of each row's own slots (SPS=2: on at TP1, not yet at TP2; LOCAL's rows
+    have route entries of other ranks' experts, which have no slot here)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference

@@ -1286,6 +1286,10 @@ def ffn_kernel(
                         rtw = tl.load(_as(scratch, SC_ROUTEW, tl.float32) + rows[:, None] * K + kk[None, :], mask=rk,
                                       other=0.0, cache_modifier=".cg")
                         sl = tl.where(rtw != 0.0, sl, -1)
+                    # a row's K slots packed in one int64, 8 bits each (255: none): one reduction
+                    # here, and after the wait shifts in the sum's own layout (K reductions of
+                    # [rows, K] there cost ~1 us at 3-8 tokens: dev round 84's SPS=1)
+                    sk = tl.sum(tl.where(sl >= 0, sl, 255).to(tl.int64) << (8 * kk[None, :]).to(tl.int64), axis=1)
                 if not PS:
                     _wait_count(sync + NSL + t_lo, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                     if t_hi != t_lo:
@@ -1295,13 +1299,12 @@ def ffn_kernel(
                 if SPS:
                     # the K slots of each row in slot order, each as a [rows, chunk] load (one
                     # [rows, K, chunk] load held 176 registers at 3 tokens: two CTAs per SM, not three)
-                    yr = (sl * KH * S + rows[:, None]) * H  # < NSLOT x KH x S x H: int32
                     for k in tl.static_range(K):
-                        yk = tl.sum(tl.where(kk[None, :] == k, yr, 0), axis=1)
-                        ok = tl.sum(tl.where(kk[None, :] == k, sl, 0), axis=1) >= 0
+                        slk = ((sk >> (8 * k)) & 255).to(tl.int32)
+                        yk = (slk * KH * S + rows) * H  # < NSLOT x KH x S x H: int32
                         for q in tl.static_range(KH):
                             y += tl.load(ypart + (yk + q * S * H)[:, None] + ccols[None, :],
-                                         mask=ok[:, None] & cmask[None, :], other=0.0, cache_modifier=".cg")
+                                         mask=(slk != 255)[:, None] & cmask[None, :], other=0.0, cache_modifier=".cg")
                 else:
                     jj = tl.arange(0, JB)
                     yo = rows[:, None] * H + ccols[None, :]
@@ -1629,7 +1632,8 @@ def geometry(key) -> dict:
     if sps not in (0, 1, 2):
         raise ValueError(f"FFNQ_TRITON_TUNE SPS={sps}: allowed 0 (every slot), 1 (each row's own slots) or 2 "
                          "(1, and stage 2 writes only those)")
-    sps = sps if rowtop and nslot > 0 and not ps else 0
+    # (a row's K slots are packed in 64 bits in phase E: 8 bits each, 255 for none)
+    sps = sps if rowtop and 0 < nslot < 255 and m.top_k <= 8 and not ps else 0
     pso = nsl + nht + (nsl * nt if ks > 1 else 0)
     qoff = pso + (nsl * nht if ps else 0)
     nsync = qoff + dq
