@@ -734,7 +734,7 @@ def ffn_kernel(
     RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr, SPK: tl.constexpr,
+    SC_INV: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -1286,11 +1286,6 @@ def ffn_kernel(
                         rtw = tl.load(_as(scratch, SC_ROUTEW, tl.float32) + rows[:, None] * K + kk[None, :], mask=rk,
                                       other=0.0, cache_modifier=".cg")
                         sl = tl.where(rtw != 0.0, sl, -1)
-                    # a row's K slots packed in one int64, 8 bits each (255: none): one reduction
-                    # here, and after the wait shifts in the sum's own layout (K reductions of
-                    # [rows, K] there cost ~1 us at 3-8 tokens: dev round 84's SPS=1)
-                    if SPK:
-                        sk = tl.sum(tl.where(sl >= 0, sl, 255).to(tl.int64) << (8 * kk[None, :]).to(tl.int64), axis=1)
                 if not PS:
                     _wait_count(sync + NSL + t_lo, n_act, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                     if t_hi != t_lo:
@@ -1299,16 +1294,16 @@ def ffn_kernel(
                 ypart = _as(scratch, SC_YPART, tl.float32)
                 if SPS:
                     # the K slots of each row in slot order, each as a [rows, chunk] load (one
-                    # [rows, K, chunk] load held 176 registers at 3 tokens: two CTAs per SM, not three)
+                    # [rows, K, chunk] load held 176 registers at 3 tokens: two CTAs per SM, not three;
+                    # the slots packed in an int64 before the wait, K shifts here instead of these 2K
+                    # reductions, measured the same: dev round 87, f6d26ec)
+                    yr = (sl * KH * S + rows[:, None]) * H  # < NSLOT x KH x S x H: int32
                     for k in tl.static_range(K):
-                        if SPK:
-                            slk = ((sk >> (8 * k)) & 255).to(tl.int32)
-                        else:  # (SPK=0, dev round 86: the k-th slot of each row by a reduction of [rows, K])
-                            slk = tl.sum(tl.where(kk[None, :] == k, tl.where(sl >= 0, sl, 255), 0), axis=1)
-                        yk = (slk * KH * S + rows) * H  # < NSLOT x KH x S x H: int32
+                        yk = tl.sum(tl.where(kk[None, :] == k, yr, 0), axis=1)
+                        ok = tl.sum(tl.where(kk[None, :] == k, sl, 0), axis=1) >= 0
                         for q in tl.static_range(KH):
                             y += tl.load(ypart + (yk + q * S * H)[:, None] + ccols[None, :],
-                                         mask=(slk != 255)[:, None] & cmask[None, :], other=0.0, cache_modifier=".cg")
+                                         mask=ok[:, None] & cmask[None, :], other=0.0, cache_modifier=".cg")
                 else:
                     jj = tl.arange(0, JB)
                     yo = rows[:, None] * H + ccols[None, :]
@@ -1636,8 +1631,7 @@ def geometry(key) -> dict:
     if sps not in (0, 1, 2):
         raise ValueError(f"FFNQ_TRITON_TUNE SPS={sps}: allowed 0 (every slot), 1 (each row's own slots) or 2 "
                          "(1, and stage 2 writes only those)")
-    # (a row's K slots are packed in 64 bits in phase E: 8 bits each, 255 for none)
-    sps = sps if rowtop and 0 < nslot < 255 and m.top_k <= 8 and not ps else 0
+    sps = sps if rowtop and nslot > 0 and not ps else 0
     pso = nsl + nht + (nsl * nt if ks > 1 else 0)
     qoff = pso + (nsl * nht if ps else 0)
     nsync = qoff + dq
@@ -1650,7 +1644,7 @@ def geometry(key) -> dict:
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
                 NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rowtop, NSL=nsl,
-                NSYNC=nsync, QOFF=qoff, PS=ps, PSO=pso, SPS=sps, SPK=bool(tune.get("SPK", 1)),
+                NSYNC=nsync, QOFF=qoff, PS=ps, PSO=pso, SPS=sps,
                 NSLP2=max(_p2(nsl), 32 * NUM_WARPS) if ps == 2 else _p2(nsl), SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),
                 RP=rp, CPPP2=_p2(-(-nch // rp)), **extra)
 
