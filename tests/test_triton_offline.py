@@ -534,7 +534,8 @@ def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
     slots = torch.tensor([0, -1, 2, 3])
     runs = {}
     for ps in (0, 1):
-        # (SPS=0: PS sums every slot, as SPS=0 does; SPS's sum of each row's own slots adds in another order)
+        # (SPS=0 in both: PS=1 turns SPS off, and SPS adds a row's slots in another order than
+        # the sum of every slot, so PS=0 with it would not be bitwise PS=1's step)
         monkeypatch.setenv("FFNQ_TRITON_TUNE", ",".join(t for t in (tune, f"PS={ps}", "SPS=0") if t))
         runs[ps] = _tp1_step(cls, slots, 3, 11)
     r, out, res, ref = runs[1]

@@ -1631,7 +1631,8 @@ def geometry(key) -> dict:
     if sps not in (0, 1, 2):
         raise ValueError(f"FFNQ_TRITON_TUNE SPS={sps}: allowed 0 (every slot), 1 (each row's own slots) or 2 "
                          "(1, and stage 2 writes only those)")
-    sps = sps if rowtop and nslot > 0 and not ps else 0
+    # (phase E's offsets into the partials are int32: [NSLOT x KH, S, H])
+    sps = sps if rowtop and nslot > 0 and not ps and nslot * kh * key.tokens * H < 2 ** 31 else 0
     pso = nsl + nht + (nsl * nt if ks > 1 else 0)
     qoff = pso + (nsl * nht if ps else 0)
     nsync = qoff + dq
