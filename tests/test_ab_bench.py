@@ -22,3 +22,21 @@ def test_bad_arguments_are_named(args, commit, message, tmp_path):
                        env=env)
     assert r.returncode == 2 and message in r.stdout
     assert not out.exists()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_other_commit_from_an_archive(tmp_path):
+    """OTHER may be the file of `git archive -o FILE COMMIT` (the device copy's .git lacks later
+    commits): its commit is read from the archive; a file that is not one is named."""
+    root = SCRIPT.parent.parent
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    tar = tmp_path / "base.tar"
+    subprocess.run(["git", "archive", "-o", str(tar), head], cwd=root, check=True)
+    bogus = tmp_path / "bogus.tar"
+    bogus.write_bytes(b"not an archive")
+    env = {"OUT": str(tmp_path / "out"), "PATH": "/usr/bin:/bin", "FFNQ_COMMIT": "c" * 40}
+    for other, message in ((tar, "ROUNDS=0, allowed"), (bogus, f"{bogus} is not a git archive of a commit")):
+        # ROUNDS=0 is refused after OTHER is read: the archive itself was taken
+        r = subprocess.run(["bash", str(SCRIPT), str(other), "0"], cwd=root, capture_output=True, text=True, env=env)
+        assert r.returncode == 2 and message in r.stdout, r.stdout
+    assert not (tmp_path / "out").exists()
