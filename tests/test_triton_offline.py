@@ -553,17 +553,21 @@ def test_sum_of_each_rows_own_slots_geometry(monkeypatch):
     route is written before barrier 2) and PS is off; an expert -> slot table per CTA in the
     scratch only then; other values refused."""
     from ffnq.backends.triton import kernel as K
+
+    def regions(k) -> dict:
+        return {n: shape for n, _, shape in K.scratch_extra(k)}
+
     spec = load_model("minimax-m2")
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     key = offline.build_key(spec, 1, Experts.ALL, 16)
     key2 = offline.build_key(spec, 2, Experts.ALL, 16)
-    assert K.geometry(key2)["SPS"] == 0 and "inv" not in dict((n, s) for n, _, s in K.scratch_extra(key2))
+    assert K.geometry(key2)["SPS"] == 0 and "inv" not in regions(key2)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=0")
-    assert K.geometry(key)["SPS"] == 0 and "inv" not in dict((n, s) for n, _, s in K.scratch_extra(key))
+    assert K.geometry(key)["SPS"] == 0 and "inv" not in regions(key)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     g = K.geometry(key)
     assert g["SPS"] == 2 and g["ROWTOP"]
-    assert dict((n, s) for n, _, s in K.scratch_extra(key))["inv"] == (key.blocks, g["EP2"])
+    assert regions(key)["inv"] == (key.blocks, g["EP2"])
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 2))["SPS"] == 0  # FR: every CTA's top-k
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=1,PS=1")
     assert K.geometry(key)["SPS"] == 0
