@@ -657,6 +657,21 @@ def _ld_acquire(ptr):
 
 
 @triton.jit
+def _prefetch_rows(base, ROWS: tl.constexpr, STRIDE: tl.constexpr, NB: tl.constexpr, NPF: tl.constexpr,
+                   INTERP: tl.constexpr, IS_HIP: tl.constexpr):
+    """(PF) Ask the L2 for NB bytes of each of ROWS rows STRIDE bytes apart from ``base``, as bulk
+    prefetches (sm_90 TMA: no registers, no shared memory, the bytes need no CTA in flight),
+    NPF of them, one per thread (NB x ROWS / NPF a multiple of 16)."""
+    if not (INTERP or IS_HIP):
+        PPR: tl.constexpr = NPF // ROWS if NPF > ROWS else 1  # pieces per row
+        PB: tl.constexpr = NB // PPR
+        r = tl.arange(0, ROWS * PPR)
+        ptr = base + (r // PPR).to(tl.int64) * STRIDE + (r % PPR) * PB
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
+                                  [ptr, tl.full((ROWS * PPR,), PB, tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _done_prefix(cnt, sl, m, t_lo, t_hi, KH: tl.constexpr, NHT: tl.constexpr, NSLP2: tl.constexpr,
                  PS: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
     # one acquire read per slot and tile, all in flight together
@@ -734,7 +749,7 @@ def ffn_kernel(
     RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr,
+    SC_INV: tl.constexpr, PF: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -1194,6 +1209,9 @@ def ffn_kernel(
                     le = (ej - first_expert).to(tl.int64)
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
+                if PF:  # (PF) the item's w2 bytes (1/PF of each row) asked of the L2 before its wait
+                    _prefetch_rows(w2 + le * (H * I_R) + (t * BH) * I_R + kq, BH, I_R, I_R // KH // PF,
+                                   32 * NUM_WARPS_C, INTERP, IS_HIP)
                 # the rows whose partial this item writes: SPS=2 only those routed to expert ej, as
                 # the sum reads no other (loaded here, not beside the store, which would wait for it)
                 if A8:
@@ -1377,6 +1395,7 @@ MODES = {"all": 0, "local": 1, "none": 2}
 STAGES = (1, 6, 2, 3, 4, 5, 7, 8)  # seam push/publish, seam wait+sum, router, top-k+stage 1, stage 2,
 #                                    sum+reduce push/publish, reduce wait+out (+handshake publish), handshake wait+end
 NUM_WARPS = 4  # warps per CTA, as TritonRunner and offline builds launch it
+NUM_WARPS_C = tl.constexpr(NUM_WARPS)  # the same, for the kernel (PF spreads its prefetches over the threads)
 NUM_STAGES_EXPERTS = 4  # software-pipeline depth of the two expert GEMM loops (bytes in flight per SM)
 NUM_STAGES_HIP = 2
 # The SACC=0 path (FFNQ_TRITON_TUNE="SACC=0") multiplies fp8 codes by (block scale x 2^SCALE_SHIFT)
@@ -1608,7 +1627,7 @@ def geometry(key) -> dict:
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
-                 EW=bool(tune.get("EW", int(key.tp == 1))))
+                 EW=bool(tune.get("EW", int(key.tp == 1))), PF=tune.get("PF", 0))
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
