@@ -103,6 +103,24 @@ def bench(r, spec, w, s, dev, calls=20, reps=7):
                 eager_us=round(eager, 1))
 
 
+def row_pick(sub) -> dict:
+    """Phase B's row pick (widths where it runs: kernel stamps 10, a CTA's arrival at its row's
+    counter, and 11, its row's last arriver's top-k done), us: "pick_arrive" barrier 1 to the
+    arrival (median over the row CTAs), "pick_last" the same for the rows' last arrivers, "pick_topk"
+    their arrival to the top-k done, "pick_store" from there to the phase's end (stamp 1); "latest"
+    the absolute times (ns) of the last arrival and the last top-k. Stamps of an earlier launch
+    (not between this launch's barrier 1 and barrier 2) are left out."""
+    b1, b2 = sub[:, 0], sub[:, 2]
+    arr = (sub[:, 10] >= b1) & (sub[:, 10] <= b2) & (b1 > 0)
+    last = arr & (sub[:, 11] >= sub[:, 10]) & (sub[:, 11] <= b2)
+    if not last.any():
+        return {}
+    med = lambda v: round(float(v.median()) / 1e3, 2)  # noqa: E731
+    return {"pick_arrive": med(sub[arr, 10] - b1[arr]), "pick_last": med(sub[last, 10] - b1[last]),
+            "pick_topk": med(sub[last, 11] - sub[last, 10]), "pick_store": med(sub[last, 1] - sub[last, 11]),
+            "latest": {"arrived": float(sub[arr, 10].max()), "picked": float(sub[last, 11].max())}}
+
+
 def profile(rt, spec, sets, dev):
     """Per-phase medians over CTAs (us) from the in-kernel timeline and the kernel's finer stamps
     (scratch "sub"), plus the latest CTA's end of each phase relative to the median start. Timed as
@@ -123,6 +141,7 @@ def profile(rt, spec, sets, dev):
         t = rt.view(s, "timeline").cpu().double()
         sub = rt.view(s, "sub").cpu().double()
         start, end = t[:, cols["start"]], t[:, cols["end"]]  # every CTA
+        pick = row_pick(sub)  # phase B's CTAs, before the filter below (a row's last arriver need own no chunk)
         own = sub[:, 7] > 0  # the CTAs that own a column chunk (they stamp the wait before the sum)
         t, sub = t[own], sub[own]
         # stage 2 starts right after stage 1 (no barrier 3: per-expert counters); "tiles" is the
@@ -150,6 +169,8 @@ def profile(rt, spec, sets, dev):
                                ("rest", seen, t[:, cols[f"{ph}_done"]])):
                 row[f"{key}_{name}"] = round(float((b - a).median()) / 1e3, 2)
         row["latest"] = {name: round((float(v.max()) - t0) / 1e3, 1) for name, v in seq[1:]}
+        row.update({k: v for k, v in pick.items() if k != "latest"})
+        row["latest"].update({k: round((v - t0) / 1e3, 1) for k, v in pick.get("latest", {}).items()})
         if s2.any():
             row["latest"]["s2_waited"] = round((float(sub[s2, 8].max()) - t0) / 1e3, 1)
         span = (float(end.max()) - float(start.min())) / 1e3

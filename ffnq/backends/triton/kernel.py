@@ -1002,6 +1002,7 @@ def ffn_kernel(
                 tl.store(rp + (pid % RP) * EP2 + ecols, tl.sum(vpl, axis=0))
                 tl.debug_barrier()
                 last_r = tl.atomic_add(_as(scratch, SC_ROWCNT, tl.int32) + rr, 1, sem="acq_rel", scope="gpu") == RP - 1
+                _stamp(sub_row, 10, IS_HIP, INTERP, TIMELINE)  # arrived (the profile's pick_arrive)
             if last_r:
                 accl = tl.sum(tl.load(rp + tl.arange(0, RP)[:, None] * EP2 + ecols[None, :], cache_modifier=".cg"),
                               axis=0)
@@ -1010,6 +1011,7 @@ def ffn_kernel(
                 sel1, w1 = _topk(lg1, bias_e, ecols, evalid, pad1 == 0, K, KP2, EP2, SORT)
                 # one shared [E][SP] routing-weight table, and the row's picks for phase C
                 tl.store(_as(scratch, SC_WTAB, tl.float32) + ecols[None, :] * SP + r1[:, None], w1)
+                _stamp(sub_row, 11, IS_HIP, INTERP, TIMELINE)  # after the first store of the picks: the top-k is done
                 tl.store(_as(scratch, SC_SEL, tl.int32) + r1[:, None] * EP2 + ecols[None, :], sel1)
                 _store_route(scratch, r1, pad1, sel1, w1, ecols, SC_ROUTE, SC_ROUTEW, K, KP2)
         elif pid * EPC < E:
