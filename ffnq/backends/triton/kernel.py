@@ -1433,7 +1433,8 @@ def _tune(tokens: int | None = None) -> dict:
 
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "JB", "KS", "KSFIX", "NS", "NS2", "NSS", "RPG", "RTOP", "SQ", "X8T"})
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "JB", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "RPG", "RTOP", "SQ",
+                           "X8T"})
 
 
 @functools.cache
