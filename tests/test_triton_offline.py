@@ -200,6 +200,23 @@ def test_x_terms(monkeypatch):
         K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))
 
 
+def test_partial_logits_over_live_rows(monkeypatch):
+    """PLR: phase A's partial logits as FMAs over the live row tile where it is at most PLR rows
+    (v19: 1-2 tokens; v34: TP1's 3-6 tokens from configs/triton-measured.toml), a 16-row dot
+    elsewhere (TP1's 7-8 tokens measured bimodal, TP2 not measured)."""
+    from ffnq.backends.triton import kernel as K
+    spec = load_model("minimax-m2")
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+
+    def fma_rows(tp):
+        gs = {s: K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for s in range(1, 10)}
+        return [s for s, g in gs.items() if g["RT"] <= g["PLR"]]
+    assert fma_rows(1) == [1, 2, 3, 4, 5, 6]
+    assert fma_rows(2) == [1, 2]
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR@7=8")
+    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 7))["PLR"] == 8
+
+
 def test_launch_and_sync_choices(monkeypatch):
     """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
     with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;
@@ -617,14 +634,16 @@ def test_interpreter_sum_of_each_rows_own_slots(tune, monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-def test_interpreter_row_topk_and_split_k(monkeypatch):
+@pytest.mark.parametrize("tune", ["KS=2", "KS=2,PLR=8"])
+def test_interpreter_row_topk_and_split_k(tune, monkeypatch):
     """Six rows, so one CTA per row picks that row's top-k in phase B, and the stage-1 items
-    split in two K parts (the last arriver of a tile sums them): TP1 numerics and routing."""
+    split in two K parts (the last arriver of a tile sums them): TP1 numerics and routing; also
+    with phase A's partial logits over the 8-row live tile as FMAs (PLR=8, TP1's 5-6 tokens)."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import kernel as K
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     S = 6
     r, out, res, ref = _tp1_step(TritonRunner, torch.tensor([0, 1, -1, 3, 4, 5]), 6, 8)
     geo = K.geometry(r.keys[S])
