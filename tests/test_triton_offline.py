@@ -375,22 +375,32 @@ def test_static_formulas():
         residency.check("k", 0, 132, 128)
 
 
-def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
-    """One TP1 step of tiny through ``runner_cls`` on the CPU (the interpreter's staged launches):
-    (runner, out, res_out, the fp64 reference of the same step)."""
+def _tp1_runner(runner_cls, S: int, weights_seed: int):
+    """A TP1 runner of tiny at width S on the CPU and its weights: (runner, full, shard)."""
+    from ffnq.weights import shard, synthetic
+    spec = load_model("tiny")
+    full = synthetic(spec, seed=weights_seed)
+    pb = runner_cls.open_peers(spec, 1, 0, "cpu", "t")
+    return runner_cls(1, 0, pb.sym, pb.peers, "cpu", widths=[S], model=spec), full, shard(full, spec, 1, 0, Experts.ALL)
+
+
+def _tp1_run(r, full, w, slots, g):
+    """One step of runner ``r`` (the interpreter's staged launches) on fresh inputs from
+    generator ``g``: (out, res_out, the fp64 reference of the same step)."""
     import torch
     from ffnq import reference
-    from ffnq.weights import shard, synthetic
-    spec, S = load_model("tiny"), len(slots)
-    full = synthetic(spec, seed=weights_seed)
-    w = shard(full, spec, 1, 0, Experts.ALL)
-    pb = runner_cls.open_peers(spec, 1, 0, "cpu", "t")
-    r = runner_cls(1, 0, pb.sym, pb.peers, "cpu", widths=[S], model=spec)
-    g = torch.Generator().manual_seed(inputs_seed)
+    spec, S = r.model, len(slots)
     part = torch.randn(S, spec.hidden, generator=g).bfloat16()
     resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
     out, res = r(part, resid, w, slots)
-    return r, out, res, reference.step([part], resid, slots, full, spec)
+    return out, res, reference.step([part], resid, slots, full, spec)
+
+
+def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
+    """One TP1 step of tiny through ``runner_cls`` on the CPU: (runner, out, res_out, reference)."""
+    import torch
+    r, full, w = _tp1_runner(runner_cls, len(slots), weights_seed)
+    return (r, *_tp1_run(r, full, w, slots, torch.Generator().manual_seed(inputs_seed)))
 
 
 def _claims_and_items(r, S: int) -> tuple[int, list]:
@@ -604,22 +614,15 @@ def test_interpreter_sum_of_each_rows_own_slots(tune, monkeypatch):
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import kernel as K
-    from ffnq.weights import shard, synthetic
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
-    spec, S = load_model("tiny"), 4
-    full = synthetic(spec, seed=5)
-    w = shard(full, spec, 1, 0, Experts.ALL)
-    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
-    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[S], model=spec)
+    S = 4
+    r, full, w = _tp1_runner(TritonRunner, S, 5)
     slots, live = torch.tensor([0, -1, 2, 3]), torch.tensor([0, 2, 3])
     g = torch.Generator().manual_seed(12)
     for step in range(2):
-        part = torch.randn(S, spec.hidden, generator=g).bfloat16()
-        resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
         if step:
             r.view(S, "ypart").fill_(float("nan"))
-        out, res = r(part, resid, w, slots)
-        ref = reference.step([part], resid, slots, full, spec)
+        out, res, ref = _tp1_run(r, full, w, slots, g)
         assert reference.compare(out, ref.out, rows=live)["rel_err"] < 1e-2, step
         assert (out[1] == 0).all() and r.fault(S) is None
     geo = K.geometry(r.keys[S])
@@ -629,7 +632,7 @@ def test_interpreter_sum_of_each_rows_own_slots(tune, monkeypatch):
     inv = r.view(S, "inv")[0].long()
     assert torch.equal(inv[ecta], torch.arange(n_act)) and int((inv >= 0).sum()) == n_act  # -1: no slot
     routed = (ref.chosen[:, :, None] == ecta[None, None, :]).any(1)  # [S, n_act]
-    written = ~r.view(S, "ypart").view(-1, geo["KH"], S, spec.hidden)[:n_act].isnan().all(-1)  # [slot, part, row]
+    written = ~r.view(S, "ypart").view(-1, geo["KH"], S, r.model.hidden)[:n_act].isnan().all(-1)  # [slot, part, row]
     assert (written == (routed.T[:, None, :] if geo["SPS"] == 2 else True)).all()
 
 
