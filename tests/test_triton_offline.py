@@ -217,6 +217,28 @@ def test_partial_logits_over_live_rows(monkeypatch):
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 7))["PLR"] == 8
 
 
+def test_fp32_dots_at_tf32_are_counted():
+    """An fp32 tt.dot at tf32 precision is counted; the f16 dots Triton also tags tf32 are not."""
+    f32 = ("%pl = tt.dot %a, %b, %c, inputPrecision = tf32 : tensor<16x16xf32, #ttg.dot_op<{opIdx = 0}>> * "
+           "tensor<16x256xf32, #ttg.dot_op<{opIdx = 1}>> -> tensor<16x256xf32, #mma>")
+    f16 = ("%r = tt.dot %a, %b, %c, inputPrecision = tf32 : tensor<64x64xf16, #ttg.dot_op<{opIdx = 0}>> * "
+           "tensor<64x8xf16, #ttg.dot_op<{opIdx = 1}>> -> tensor<64x8xf32, #mma>")
+    ieee = f32.replace("tf32", "ieee")
+    assert offline.tf32_dots("\n".join([f32, f16, ieee, f32])) == 2
+    assert offline.tf32_dots("\n".join([f16, ieee])) == 0
+
+
+def test_partial_logits_over_sixteen_rows_stay_fp32(monkeypatch):
+    """PLR over 16 live rows (9-16 tokens) runs in passes of 8: as one pass Triton 3.6 folded it
+    into an fp32 tt.dot at tf32 precision (routes flipped on the H200, dev round 92); the
+    offline row names such a build an error."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR=16")
+    spec = load_model("minimax-m2")
+    (row,) = offline.offline_table(spec, 1, Experts.ALL, "sm_90", widths=[16], jobs=1)
+    assert "error" not in row, row.get("error")
+    assert row["spills"] == 0 and row["resident"] is True
+
+
 def test_launch_and_sync_choices(monkeypatch):
     """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
     with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;
@@ -657,6 +679,22 @@ def test_interpreter_row_topk_and_split_k(tune, monkeypatch):
     assert torch.equal(r.view(S, "route").long(), ref.chosen)
     assert torch.allclose(r.view(S, "route_w")[live].double(), ref.weights[live], rtol=1e-4, atol=1e-6)
     assert (out[2] == 0).all() and r.fault(S) is None
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+def test_interpreter_partial_logits_in_passes(monkeypatch):
+    """PLR=16 at eleven rows (one padding): phase A's partial logits over the 16-row live tile in
+    two passes of 8 rows; TP1 numerics and routing against the fp64 reference."""
+    import torch
+    from ffnq import reference
+    from ffnq.backends.triton import TritonRunner
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR=16")
+    slots = torch.tensor([0, 1, 2, 3, 4, -1, 6, 7, 8, 9, 10])
+    r, out, res, ref = _tp1_step(TritonRunner, slots, 6, 8)
+    live = torch.nonzero(slots >= 0).flatten()
+    assert reference.compare(out, ref.out, rows=live)["rel_err"] < 1e-2
+    assert torch.equal(r.view(11, "route").long(), ref.chosen)
+    assert (out[5] == 0).all() and r.fault(11) is None
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
