@@ -217,6 +217,18 @@ def test_partial_logits_over_live_rows(monkeypatch):
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 7))["PLR"] == 8
 
 
+def test_stage2_prefetch_key(monkeypatch):
+    """PF (dev round 88, not adopted): off by default; a part of a row that is not 1, 1/2 or 1/4
+    is refused, named (the bulk prefetches need whole 16-byte pieces)."""
+    from ffnq.backends.triton import kernel as K
+    spec = load_model("minimax-m2")
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))["PF"] == 0
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PF=3")
+    with pytest.raises(ValueError, match="PF=3: allowed 0"):
+        K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))
+
+
 def test_fp32_dots_at_tf32_are_counted():
     """An fp32 tt.dot at tf32 precision is counted; the f16 dots Triton also tags tf32 are not."""
     f32 = ("%pl = tt.dot %a, %b, %c, inputPrecision = tf32 : tensor<16x16xf32, #ttg.dot_op<{opIdx = 0}>> * "

@@ -1636,6 +1636,9 @@ def geometry(key) -> dict:
     # beside v31 (dev round 83, twice): 46.0, 45.9 / 70.3, 70.2 against 46.3, 46.3 / 70.6, 71.4 at
     # 1 / 2 tokens, 3-16 within the spread both ways (8 tokens' gain above did not come back).
     # TP2, not measured (its builds compile with it: no spills), keeps it off
+    if tune.get("PF", 0) not in (0, 1, 2, 4):
+        raise ValueError(f"FFNQ_TRITON_TUNE PF={tune['PF']}: allowed 0 (off), 1, 2 or 4 (the part of each w2 row "
+                         "a stage-2 item prefetches)")
     if sq2 not in (4, 8, 16):
         raise ValueError(f"FFNQ_TRITON_TUNE SQ2={sq2}: allowed 4, 8 or 16 (stage 2's least act token columns)")
     extra = dict(CHK=tune.get("CHK", 8),
