@@ -932,32 +932,24 @@ def ffn_kernel(
             tl.store(_as(scratch, SC_SSQ, tl.float32) + pid * SP + rows, tl.sum(h * h, axis=1))
             # partial logits of every expert over this chunk: sum_k h*post_norm*router (exact fp32
             # FMA); rstd factors out and is applied once the chunks' sums of squares are all in
-            if (RT <= PLR) & (RT > 8):
-                # (PLR, 16 rows) in passes of 8 rows, pass q the rows of group q of a [2, 8] split: as
-                # one pass, a [16, CH] x [CH, E] shape, Triton 3.6 folds the FMAs into tt.dot at its
-                # default tf32 precision, which flipped routes on the H200 at 11 and 16 tokens (dev
-                # round 92); 8 rows are under tt.dot's least M
-                g3 = tl.reshape(h * pn_c[None, :], (SP // 8, 8, CHP2))
-                for q in tl.static_range(RT // 8):
-                    hr = tl.sum(tl.where((tl.arange(0, SP // 8) == q)[:, None, None], g3, 0.0), axis=0)
-                    pl = tl.sum(hr[:, :, None] * rt_c[None, :, :], axis=1)  # [8, EP2]
-                    prow = q * 8 + tl.arange(0, 8)
+            if RT <= PLR:
+                # (PLR) only the RT live rows, as FMAs summed over the chunk: the dot's 16-row tile
+                # is 513 FFMA per thread at any width. In passes of at most 8 rows (pass q: group q of
+                # a [16/PR, PR] split): 16 rows in one pass, a [16, CH] x [CH, E] shape, Triton 3.6
+                # folds into tt.dot at its default tf32 precision, which flipped routes on the H200
+                # at 11 and 16 tokens (dev round 92); 8 rows are under tt.dot's least M
+                PR: tl.constexpr = RT if RT < 8 else 8
+                g3 = tl.reshape(h * pn_c[None, :], (SP // PR, PR, CHP2))
+                for q in tl.static_range(RT // PR):
+                    hr = tl.sum(tl.where((tl.arange(0, SP // PR) == q)[:, None, None], g3, 0.0), axis=0)
+                    pl = tl.sum(hr[:, :, None] * rt_c[None, :, :], axis=1)  # [PR, EP2]
+                    prow = q * PR + tl.arange(0, PR)
                     tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + prow[:, None]) * EP2 + ecols[None, :],
                              pl, mask=(prow < S)[:, None] & evalid[None, :])
             else:
-                if RT <= PLR:
-                    # (PLR) only the RT live rows, as FMAs summed over the chunk: the dot's 16-row
-                    # tile is 513 FFMA per thread at any width; rows 0..RT-1 are group 0 of a [16/RT,
-                    # RT] split
-                    g3 = tl.reshape(h * pn_c[None, :], (SP // RT, RT, CHP2))
-                    hr = tl.sum(tl.where((tl.arange(0, SP // RT) == 0)[:, None, None], g3, 0.0), axis=0)
-                    pl = tl.sum(hr[:, :, None] * rt_c[None, :, :], axis=1)  # [RT, EP2]
-                    prow, pmask = rows_r, rmask_r
-                else:
-                    pl = tl.dot(h * pn_c[None, :], rt_c, input_precision="ieee")
-                    prow, pmask = rows, rmask
-                tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + prow[:, None]) * EP2 + ecols[None, :], pl,
-                         mask=pmask[:, None] & evalid[None, :])
+                pl = tl.dot(h * pn_c[None, :], rt_c, input_precision="ieee")
+                tl.store(_as(scratch, SC_PLOG, tl.float32) + (pid * S + rows[:, None]) * EP2 + ecols[None, :], pl,
+                         mask=rmask[:, None] & evalid[None, :])
     if (STAGE == 0) | (STAGE == 6):
         _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
     _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, FR)
@@ -1636,22 +1628,22 @@ def geometry(key) -> dict:
     # beside v31 (dev round 83, twice): 46.0, 45.9 / 70.3, 70.2 against 46.3, 46.3 / 70.6, 71.4 at
     # 1 / 2 tokens, 3-16 within the spread both ways (8 tokens' gain above did not come back).
     # TP2, not measured (its builds compile with it: no spills), keeps it off
-    if tune.get("PF", 0) not in (0, 1, 2, 4):
-        raise ValueError(f"FFNQ_TRITON_TUNE PF={tune['PF']}: allowed 0 (off), 1, 2 or 4 (the part of each w2 row "
-                         "a stage-2 item prefetches)")
     if sq2 not in (4, 8, 16):
         raise ValueError(f"FFNQ_TRITON_TUNE SQ2={sq2}: allowed 4, 8 or 16 (stage 2's least act token columns)")
+    # PF: each stage-2 item's w2 rows (1/PF of each) asked of the L2 before its wait; measured, not
+    # adopted (dev round 88: PF=1 2-8% slower at TP1, 2 and 4 the same): the bytes moved earlier
+    # are taken from stage 1's tail
+    pf = tune.get("PF", 0)
+    if pf not in (0, 1, 2, 4):
+        raise ValueError(f"FFNQ_TRITON_TUNE PF={pf}: allowed 0 (off), 1, 2 or 4 (the part of each w2 row a "
+                         "stage-2 item prefetches)")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
-                 EW=bool(tune.get("EW", int(key.tp == 1))),
-                 # PF: each stage-2 item's w2 rows (1/PF of each) asked of the L2 before its wait;
-                 # measured, not adopted (dev round 88: PF=1 2-8% slower at TP1, 2 and 4 the same):
-                 # the bytes moved earlier are taken from stage 1's tail
-                 PF=tune.get("PF", 0))
+                 EW=bool(tune.get("EW", int(key.tp == 1))), PF=pf)
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
