@@ -230,14 +230,19 @@ def test_stage2_prefetch_key(monkeypatch):
 
 
 def test_fp32_dots_at_tf32_are_counted():
-    """An fp32 tt.dot at tf32 precision is counted; the f16 dots Triton also tags tf32 are not."""
+    """An fp32 tt.dot at tf32 precision is counted, and a build holding one is refused, named
+    (offline rows and TritonRunner.warm); the f16 dots Triton also tags tf32 are not counted."""
+    from ffnq.backends.triton import kernel as K
     f32 = ("%pl = tt.dot %a, %b, %c, inputPrecision = tf32 : tensor<16x16xf32, #ttg.dot_op<{opIdx = 0}>> * "
            "tensor<16x256xf32, #ttg.dot_op<{opIdx = 1}>> -> tensor<16x256xf32, #mma>")
     f16 = ("%r = tt.dot %a, %b, %c, inputPrecision = tf32 : tensor<64x64xf16, #ttg.dot_op<{opIdx = 0}>> * "
            "tensor<64x8xf16, #ttg.dot_op<{opIdx = 1}>> -> tensor<64x8xf32, #mma>")
     ieee = f32.replace("tf32", "ieee")
-    assert offline.tf32_dots("\n".join([f32, f16, ieee, f32])) == 2
-    assert offline.tf32_dots("\n".join([f16, ieee])) == 0
+    assert K.tf32_dots("\n".join([f32, f16, ieee, f32])) == 2
+    assert K.tf32_dots("\n".join([f16, ieee])) == 0
+    K.check_exact("ffn_w16", "\n".join([f16, ieee]))
+    with pytest.raises(RuntimeError, match="kernel ffn_w16: 1 fp32 tt.dot at tf32 precision"):
+        K.check_exact("ffn_w16", f32)
 
 
 def test_partial_logits_over_sixteen_rows_stay_fp32(monkeypatch):

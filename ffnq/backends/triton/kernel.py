@@ -76,6 +76,7 @@ can run stage by stage, interleaved (a TP2 check on a CPU).
 """
 import functools
 import os
+import re
 import tomllib
 
 import triton
@@ -1411,6 +1412,26 @@ NUM_STAGES_HIP = 2
 # scales < 0.57 (TritonRunner.warm checks the weights it is given when that path is built).
 SCALE_SHIFT = 8
 MAX_SCALE = 65504.0 / (448.0 * 2 ** SCALE_SHIFT)
+
+
+# an fp32 tt.dot at tf32 precision (10-bit mantissas): the kernel's fp32 products (the router's
+# partial logits) must be exact, and Triton folds a broadcast-multiply-sum of [16, K] x [K, N] fp32
+# tiles into such a dot (PLR over 16 rows in one pass: routes flipped on the H200, dev round 92).
+# Checked wherever a build is compiled: offline rows and TritonRunner.warm.
+TF32_DOT = re.compile(r"tt\.dot [^\n]*inputPrecision = tf32 : tensor<[0-9x]+xf32")
+
+
+def tf32_dots(ttgir: str) -> int:
+    """How many fp32 tt.dot ops of a TTGIR listing run at tf32 precision."""
+    return len(TF32_DOT.findall(ttgir))
+
+
+def check_exact(kernel: str, ttgir: str) -> None:
+    """Raise when a build's fp32 products would run at tf32 precision."""
+    n = tf32_dots(ttgir)
+    if n:
+        raise RuntimeError(f"kernel {kernel}: {n} fp32 tt.dot at tf32 precision in the TTGIR: allowed none "
+                           f"(fp32 products stay exact)")
 
 
 def max_scale() -> float | None:

@@ -99,17 +99,6 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-# an fp32 tt.dot at tf32 precision (10-bit mantissas): the kernel's fp32 products (the router's
-# partial logits) must be exact, and Triton folds a broadcast-multiply-sum of [16, K] x [K, N] fp32
-# tiles into such a dot (PLR over 16 rows: routes flipped on the H200, dev round 92)
-TF32_DOT = re.compile(r"tt\.dot [^\n]*inputPrecision = tf32 : tensor<[0-9x]+xf32")
-
-
-def tf32_dots(ttgir: str) -> int:
-    """How many fp32 tt.dot ops of a TTGIR listing run at tf32 precision."""
-    return len(TF32_DOT.findall(ttgir))
-
-
 def nv_resources(ck) -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as d:
@@ -156,6 +145,7 @@ def amd_resources(ck) -> dict:
 def width_row(key: FfnBuild, target: str, cus: int | None = None, final: bool = False) -> dict:
     """Compile one width for one target; resources and static residency. The step's last launch
     (``final``, with the handshake) is its own variant; the table reports the plain one."""
+    from ffnq.backends.triton import kernel as K
     t0 = time.perf_counter()
     ck = compile_key(key, target, final=final)
     dt = time.perf_counter() - t0
@@ -167,9 +157,10 @@ def width_row(key: FfnBuild, target: str, cus: int | None = None, final: bool = 
         per, lim = residency.occupancy_sm90(r.get("regs", 255), shared, NUM_WARPS * 32, r.get("static_shared", 0))
         row.update(regs=r.get("regs"), spills=r.get("spills", 0), static_shared=r.get("static_shared", 0),
                    mma=r.get("mma"))
-        n = tf32_dots(ck.asm["ttgir"])
-        if n:
-            row["error"] = f"{n} fp32 tt.dot at tf32 precision in the TTGIR: allowed none (fp32 products stay exact)"
+        try:
+            K.check_exact(row["kernel"], ck.asm["ttgir"])
+        except RuntimeError as e:
+            row["error"] = str(e)
     else:
         r = amd_resources(ck)
         per, lim = residency.occupancy_cdna(r.get("num_vgprs", r.get("vgpr", 512)), r.get("num_agprs", r.get("agpr", 0)),

@@ -213,6 +213,7 @@ class TritonRunner(Runner):
                 cx = self._cx[(s, final)]
                 ck = K.ffn_kernel.warmup(*args, grid=(grid,), **cx, num_warps=self.NUM_WARPS, num_stages=2,
                                          **self._opts[(s, final)])
+                K.check_exact(info["kernel"], ck.asm["ttgir"])
             ck._init_handles()
             info.update(compile_s=round(time.perf_counter() - t0, 3), n_regs=ck.n_regs, n_spills=ck.n_spills,
                         shared_bytes=ck.metadata.shared)
