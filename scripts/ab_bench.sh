@@ -6,8 +6,9 @@
 # of each round's pair (OTHER's run the base: per-width deltas against each run's noise band).
 # Each run's report names its own commit. Reports in $OUT/ab-reports.tgz, log in $OUT/ab.log.
 # The device copy's .git holds no commit made after the session's start: for a later OTHER, pass
-# the file of `git archive -o ab-base.tar OTHER` made here instead (an untracked file git does
-# not ignore travels with the tree; its commit is read from the archive).
+# the file of `git archive -o ab-base.tar OTHER ffnq configs` made here instead (an untracked file
+# git does not ignore travels with the tree, whose copy is limited to 64 MiB: the whole tree's
+# archive, reports included, is not; its commit is read from the archive).
 set -o pipefail
 . "$(dirname "$0")/device_env.sh"
 [ -n "${1:-}" ] || { echo "usage: FFNQ_COMMIT=<this tree's commit> scripts/ab_bench.sh OTHER_COMMIT [ROUNDS]"; exit 2; }
@@ -47,9 +48,9 @@ for i in $(seq "${2:-2}"); do
   done
   if [ -n "${runs[0]}" ] && [ -n "${runs[1]}" ]; then
     echo "=== round $i: ffnq compare ${runs[1]##*/} -> ${runs[0]##*/}"
-    # the rows judged faster or slower, the count line (it names both) and the report's folder
+    # the rows judged faster or slower, the count line and the report's folder
     PYTHONPATH=$HERE python3 -m ffnq.cli compare "${runs[1]}" "${runs[0]}" --out "$R" 2>&1 \
-      | grep -E "faster|slower|^report"
+      | grep -E "faster|slower|^# |^report"
     tar czf "$OUT/ab-reports.tgz" -C "$HERE" reports-ab
   fi
 done
