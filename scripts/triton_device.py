@@ -103,6 +103,11 @@ def bench(r, spec, w, s, dev, calls=20, reps=7):
                 eager_us=round(eager, 1))
 
 
+def med_us(v) -> float:
+    """The median of ``v`` (ns) in us, to 0.01."""
+    return round(float(v.median()) / 1e3, 2)
+
+
 def row_pick(sub) -> dict:
     """Phase B's row pick (widths where it runs: kernel stamps 10, a CTA's arrival at its row's
     counter, and 11, its row's last arriver's top-k done), us: "pick_arrive" barrier 1 to the
@@ -115,9 +120,8 @@ def row_pick(sub) -> dict:
     last = arr & (sub[:, 11] >= sub[:, 10]) & (sub[:, 11] <= b2)
     if not last.any():
         return {}
-    med = lambda v: round(float(v.median()) / 1e3, 2)  # noqa: E731
-    return {"pick_arrive": med(sub[arr, 10] - b1[arr]), "pick_last": med(sub[last, 10] - b1[last]),
-            "pick_topk": med(sub[last, 11] - sub[last, 10]), "pick_store": med(sub[last, 1] - sub[last, 11]),
+    return {"pick_arrive": med_us(sub[arr, 10] - b1[arr]), "pick_last": med_us(sub[last, 10] - b1[last]),
+            "pick_topk": med_us(sub[last, 11] - sub[last, 10]), "pick_store": med_us(sub[last, 1] - sub[last, 11]),
             "latest": {"arrived": float(sub[arr, 10].max()), "picked": float(sub[last, 11].max())}}
 
 
@@ -153,21 +157,21 @@ def profile(rt, spec, sets, dev):
         t0 = float(seq[0][1].median())
         row = {}
         for (_, a), (name, b) in zip(seq, seq[1:]):
-            row[name] = round(float((b - a).median()) / 1e3, 2)
-        row["total"] = round(float((seq[-1][1] - seq[0][1]).median()) / 1e3, 2)
+            row[name] = med_us(b - a)
+        row["total"] = med_us(seq[-1][1] - seq[0][1])
         # a CTA's first stage-2 item: its wait for the expert's stage 1 (from the CTA's own stage-1
         # end), then the item itself (kernel stamps 8 and 9; CTAs without an item left out)
         s2 = sub[:, 9] >= sub[:, 3]
         if s2.any():
-            row["s2_wait"] = round(float((sub[s2, 8] - sub[s2, 3]).median()) / 1e3, 2)
-            row["s2_item"] = round(float((sub[s2, 9] - sub[s2, 8]).median()) / 1e3, 2)
+            row["s2_wait"] = med_us(sub[s2, 8] - sub[s2, 3])
+            row["s2_item"] = med_us(sub[s2, 9] - sub[s2, 8])
         # the two exchanges split: push + publish, wait for the last peer's flag, the rest
         for key, ph, before in (("seam", "seam", "start"), ("red", "reduce", "experts_done")):
             arrive = t[:, cols[f"{ph}_arrive"]]
             seen = torch.stack([t[:, cols[f"{ph}_seen{r}"]] for r in range(WORLD)]).max(dim=0).values
             for name, a, b in (("push", t[:, cols[before]], arrive), ("wait", arrive, seen),
                                ("rest", seen, t[:, cols[f"{ph}_done"]])):
-                row[f"{key}_{name}"] = round(float((b - a).median()) / 1e3, 2)
+                row[f"{key}_{name}"] = med_us(b - a)
         row["latest"] = {name: round((float(v.max()) - t0) / 1e3, 1) for name, v in seq[1:]}
         row.update({k: v for k, v in pick.items() if k != "latest"})
         row["latest"].update({k: round((v - t0) / 1e3, 1) for k, v in pick.get("latest", {}).items()})

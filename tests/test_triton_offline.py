@@ -442,6 +442,17 @@ def _tp1_step(runner_cls, slots, weights_seed: int, inputs_seed: int):
     return (r, *_tp1_run(r, full, w, slots, torch.Generator().manual_seed(inputs_seed)))
 
 
+def _assert_step_matches(r, out, ref, slots):
+    """A TP1 step of ``r`` at width len(slots): its live rows match the fp64 reference, its routes
+    are the reference's, its padding rows are zero and no fault is recorded."""
+    import torch
+    from ffnq import reference
+    live, S = slots >= 0, len(slots)
+    assert reference.compare(out, ref.out, rows=torch.nonzero(live).flatten())["rel_err"] < 1e-2
+    assert torch.equal(r.view(S, "route").long(), ref.chosen)
+    assert (out[~live] == 0).all() and r.fault(S) is None
+
+
 def _claims_and_items(r, S: int) -> tuple[int, list]:
     """(DQ) The work counter after a step of width S, and the two stages' item counts."""
     from ffnq.backends.triton import kernel as K
@@ -468,11 +479,10 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
-    r, out, res, ref = _tp1_step(TritonRunner, torch.tensor([0, -1, 2]), 2, 5)
-    assert reference.compare(out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] < 1e-2
+    slots = torch.tensor([0, -1, 2])
+    r, out, res, ref = _tp1_step(TritonRunner, slots, 2, 5)
+    _assert_step_matches(r, out, ref, slots)
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
-    assert torch.equal(r.view(3, "route").long(), ref.chosen)
-    assert (out[1] == 0).all() and r.fault(3) is None
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
@@ -528,16 +538,15 @@ def test_interpreter_items_taken_from_counters(monkeypatch):
     from ffnq.backends.triton import kernel as K
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=1,KS=2")
     S = 3
-    r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), torch.tensor([0, -1, 2]), 4, 6)
+    slots = torch.tensor([0, -1, 2])
+    r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), slots, 4, 6)
     g = K.geometry(r.keys[S])
     assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7
     q, (n1, n2) = _claims_and_items(r, S)
     assert n1 > 7 and n2 > 7  # more items than CTAs: the counter is in use
     assert q == n1 + n2  # one claim per item run: every item once
-    assert reference.compare(out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] < 1e-2
+    _assert_step_matches(r, out, ref, slots)
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
-    assert torch.equal(r.view(S, "route").long(), ref.chosen)
-    assert (out[1] == 0).all() and r.fault(S) is None
 
 
 def test_progressive_sum_counters(monkeypatch):
@@ -687,15 +696,14 @@ def test_interpreter_row_topk_and_split_k(tune, monkeypatch):
     from ffnq.backends.triton import kernel as K
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     S = 6
-    r, out, res, ref = _tp1_step(TritonRunner, torch.tensor([0, 1, -1, 3, 4, 5]), 6, 8)
+    slots = torch.tensor([0, 1, -1, 3, 4, 5])
+    r, out, res, ref = _tp1_step(TritonRunner, slots, 6, 8)
     geo = K.geometry(r.keys[S])
     assert geo["KS"] == 2 and geo["ROWTOP"]
-    live = torch.tensor([0, 1, 3, 4, 5])
-    assert reference.compare(out, ref.out, rows=live)["rel_err"] < 1e-2
+    _assert_step_matches(r, out, ref, slots)
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
-    assert torch.equal(r.view(S, "route").long(), ref.chosen)
+    live = torch.tensor([0, 1, 3, 4, 5])
     assert torch.allclose(r.view(S, "route_w")[live].double(), ref.weights[live], rtol=1e-4, atol=1e-6)
-    assert (out[2] == 0).all() and r.fault(S) is None
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
@@ -703,15 +711,11 @@ def test_interpreter_partial_logits_in_passes(monkeypatch):
     """PLR=16 at eleven rows (one padding): phase A's partial logits over the 16-row live tile in
     two passes of 8 rows; TP1 numerics and routing against the fp64 reference."""
     import torch
-    from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR=16")
     slots = torch.tensor([0, 1, 2, 3, 4, -1, 6, 7, 8, 9, 10])
-    r, out, res, ref = _tp1_step(TritonRunner, slots, 6, 8)
-    live = torch.nonzero(slots >= 0).flatten()
-    assert reference.compare(out, ref.out, rows=live)["rel_err"] < 1e-2
-    assert torch.equal(r.view(11, "route").long(), ref.chosen)
-    assert (out[5] == 0).all() and r.fault(11) is None
+    r, out, _, ref = _tp1_step(TritonRunner, slots, 6, 8)
+    _assert_step_matches(r, out, ref, slots)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
