@@ -1,6 +1,7 @@
 """Where does a bench's p90 come from? Every replay's time beside the GPU's clocks (run on a GPU).
 
     python scripts/replay_spread.py [--widths 6,7,16] [--replays 1500] [--out DIR]
+    python scripts/replay_spread.py --idle-ms 250,500,1000 [--burst-ms 250] [--bursts 6]
 
 TP1, the bench's shape: one CUDA graph per width walks ROTATE_SETS_GPU weight sets (cold L2),
 the same inputs every replay, replays back to back. Each replay's start and length come from its
@@ -11,20 +12,27 @@ reference first. Prints per width: p50 / p90 / p99, the share of replays over 1.
 lag-1 autocorrelation of the samples (near 0: replay to replay; near 1: slow stretches, such as
 a clock drop), and the SM clock and power over the fast and the slow replays. Writes samples.csv,
 clocks.csv, summary.md and spread.png under --out.
+
+With --idle-ms, instead: per width and idle length, --bursts bursts of --burst-ms of replays,
+each after that long with the GPU idle (ffnq.gpu_clocks.idle) and a few untimed replays, the
+clocks polled through NVML (ffnq.gpu_clocks.ClockWatch) during each: how long an idle keeps a
+timed window under the power cap (the bench's --cooldown-ms).
 """
 import argparse
 import csv
 import io
+import json
 import os
 import statistics
 import subprocess
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 
 import torch
 
 from ffnq import reference
 from ffnq.backends.triton import TritonRunner
+from ffnq.gpu_clocks import ClockWatch, idle
 from ffnq.jobs.bench import ROTATE_SETS_GPU
 from ffnq.spec import Experts, load_model
 from ffnq.weights import shard, synthetic
@@ -78,11 +86,66 @@ def lag1(x: list[float]) -> float:
     return float((t[1:] * t[:-1]).sum() / (t * t).sum())
 
 
+def graph_of(r, spec, full, sets, s, dev):
+    """The width's checked step, then a CUDA graph walking every weight set (the bench's step)."""
+    g = torch.Generator().manual_seed(50_000 + s)
+    part = torch.randn(s, spec.hidden, generator=g).to(torch.bfloat16).to(dev)
+    resid = torch.randn(s, spec.hidden, generator=g).to(torch.bfloat16).to(dev)
+    slots = torch.arange(s, dtype=torch.int64, device=dev)
+    out, _ = r(part, resid, sets[0], slots)
+    ref = reference.step([part], resid, slots, full, spec, Experts.ALL, follow=r.chosen(s))
+    c = reference.compare(out, ref.out)
+    assert c["rel_err"] <= reference.MAX_REL_ERR and r.fault(s) is None, (s, c["rel_err"], r.fault(s))
+    for w in sets:
+        r(part, resid, w, slots)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in sets:
+            r(part, resid, w, slots)
+    return graph, c["rel_err"]
+
+
+def bursts(a, r, spec, full, sets, widths, dev, pb):
+    print("NVML:", "yes" if ClockWatch(dev).nvml is not None else "no (no clock columns)", flush=True)
+    rows = []
+    for s in widths:
+        graph, rel = graph_of(r, spec, full, sets, s, dev)
+        for _ in range(20):
+            graph.replay()
+        _, us, _ = time_replays(graph.replay, 20)
+        n = max(5, int(a.burst_ms * 1e3 / statistics.median(us)))
+        for ms in [float(x) for x in a.idle_ms.split(",")]:
+            got, watch = [], []
+            for _ in range(a.bursts):
+                idle(ms / 1e3, dev)
+                for _ in range(3):  # the first replay after an idle is slow (caches, clocks)
+                    graph.replay()
+                with ClockWatch(dev) as w:
+                    _, us, _ = time_replays(graph.replay, n)
+                got += [x / len(sets) for x in us]
+                watch.append(w.summary())
+            q = torch.quantile(torch.tensor(got, dtype=torch.float64), torch.tensor([0.5, 0.9, 0.99],
+                               dtype=torch.float64)).tolist()
+            rows.append(dict(width=s, idle_ms=ms, bursts=a.bursts, replays=n, p50=q[0], p90=q[1], p99=q[2],
+                             capped_pct=statistics.mean(x.get("capped_pct", float("nan")) for x in watch),
+                             sm_mhz_min=min(x.get("sm_mhz_min", float("nan")) for x in watch),
+                             power_w=max(x.get("power_w", float("nan")) for x in watch), rel_err=rel))
+            print(json.dumps(rows[-1]), flush=True)
+    with open(os.path.join(a.out, "bursts.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    pb.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--widths", default="6,7,16")
     ap.add_argument("--replays", type=int, default=1500)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"), "spread"))
+    ap.add_argument("--idle-ms", default="", help="burst mode: idle lengths to compare, e.g. 250,500,1000")
+    ap.add_argument("--burst-ms", type=float, default=250.0)
+    ap.add_argument("--bursts", type=int, default=6)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     dev = torch.device("cuda", 0)
@@ -97,37 +160,23 @@ def main():
         for i in range(1, ROTATE_SETS_GPU)]
     r = R(1, 0, pb.sym, pb.peers, dev, widths=widths, experts=Experts.ALL, model=spec, timeout=0.2)
     r.warm(sets[0])
+    if a.idle_ms:
+        return bursts(a, r, spec, full, sets, widths, dev, pb)
     clk_path = os.path.join(a.out, "clocks.csv.raw")
     smi = sampler(clk_path)
     time.sleep(0.3)
     samples, summary = [], []
     try:
         for s in widths:
-            g = torch.Generator().manual_seed(50_000 + s)
-            part = torch.randn(s, spec.hidden, generator=g).to(torch.bfloat16).to(dev)
-            resid = torch.randn(s, spec.hidden, generator=g).to(torch.bfloat16).to(dev)
-            slots = torch.arange(s, dtype=torch.int64, device=dev)
-            out, _ = r(part, resid, sets[0], slots)
-            ref = reference.step([part], resid, slots, full, spec, Experts.ALL, follow=r.chosen(s))
-            c = reference.compare(out, ref.out)
-            assert c["rel_err"] <= reference.MAX_REL_ERR and r.fault(s) is None, (s, c["rel_err"], r.fault(s))
-            for w in sets:
-                r(part, resid, w, slots)
-            stream = torch.cuda.Stream(dev)
-            stream.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(stream):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=stream):
-                    for w in sets:
-                        r(part, resid, w, slots)
-                for _ in range(200):  # warm-up, as the bench's warmup_ms
-                    graph.replay()
-                starts, us, t0 = time_replays(graph.replay, a.replays)
+            graph, rel = graph_of(r, spec, full, sets, s, dev)
+            for _ in range(200):  # warm-up, as the bench's warmup_ms
+                graph.replay()
+            starts, us, t0 = time_replays(graph.replay, a.replays)
             us = [x / len(sets) for x in us]
             samples += [dict(width=s, i=i, t=t0 + st / 1e3, us=u) for i, (st, u) in enumerate(zip(starts, us))]
             q = torch.quantile(torch.tensor(us, dtype=torch.float64), torch.tensor([0.5, 0.9, 0.99],
                                dtype=torch.float64)).tolist()
-            summary.append(dict(width=s, rel_err=c["rel_err"], p50=q[0], p90=q[1], p99=q[2],
+            summary.append(dict(width=s, rel_err=rel, p50=q[0], p90=q[1], p99=q[2],
                                 slow_share=sum(u > 1.05 * q[0] for u in us) / len(us), lag1=lag1(us),
                                 t_lo=t0 + starts[0] / 1e3, t_hi=t0 + starts[-1] / 1e3))
             time.sleep(0.3)  # an idle stretch between widths, visible in the clocks
@@ -150,7 +199,7 @@ def main():
         return min(clocks, key=lambda c: abs(c["t"] - t)) if clocks else None
 
     lines = [f"# Replay spread, TP1 minimax-m2, {torch.cuda.get_device_name(dev)}, commit "
-             f"{os.environ.get('FFNQ_COMMIT', '?')}, {datetime.utcnow():%Y-%m-%d %H:%M} UTC",
+             f"{os.environ.get('FFNQ_COMMIT', '?')}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
              f"`python scripts/replay_spread.py --widths {a.widths} --replays {a.replays}`; "
              f"{ROTATE_SETS_GPU} weight sets per replay, us per launch", "",
              "| width | p50 | p90 | p99 | share > 1.05 p50 | lag-1 autocorr | SM MHz fast / slow | W fast / slow | "
