@@ -169,10 +169,21 @@ def run_bench(opts, out: Path, json_out: bool):
     show_table(lat, json_out=json_out, title=f"bench {opts.backend} tp{opts.tp} {opts.model} "
                f"experts={opts.experts} layers={opts.layers} (us per step)")
     path = write_report(out, "bench", opts.backend, opts.tp, lat, meta=_meta(opts, res), verdict=verdict,
-                        tables={"per_rank": res.tables["latency"]})
+                        tables={"per_rank": res.tables["latency"]}, notes=capped_note(lat))
     _footer(verdict, json_out)
     _saved(path, json_out)
     return lat, path
+
+
+def capped_note(lat) -> list[str]:
+    """A line naming the widths timed partly under a clock cap (power or thermal), if any."""
+    if "capped_pct" not in lat or not (lat.capped_pct > 0).any():
+        return []
+    hit = lat[lat.capped_pct > 0]
+    return [f"Clock cap: at widths {', '.join(map(str, hit.width))} a power or thermal cap held the clocks down "
+            f"during up to {hit.capped_pct.max():.0f}% of the timed windows (NVML; sm_mhz: the slowest rank's median SM "
+            "clock), so their quantiles include lowered clocks; a shorter --burst-ms or a longer --idle-ms keeps "
+            "the windows under it."]
 
 
 def run_warm(opts, out: Path, json_out: bool):
@@ -233,6 +244,11 @@ def bench(
                                           rich_help_panel=JOB)] = 1000.0,
     warmup_ms: Annotated[float, typer.Option("--warmup-ms", help="warm-up budget per width and variant (ms)",
                                              rich_help_panel=JOB)] = 200.0,
+    burst_ms: Annotated[float, typer.Option("--burst-ms", help="on a GPU, time in bursts this long, each after "
+                                            "--idle-ms idle, so that no window reaches the GPU's power cap "
+                                            "(0: one window)", rich_help_panel=JOB)] = 250.0,
+    idle_ms: Annotated[float, typer.Option("--idle-ms", help="GPU idle before each timed burst (ms)",
+                                           rich_help_panel=JOB)] = 250.0,
     baselines: Annotated[str, typer.Option(help="auto (cpu: unfused; GPU: unfused = NCCL + torch._grouped_mm "
                                            "composition and, at tp > 1, stock = the same with the symm-mem "
                                            "one-shot all-reduce), none, or a list of unfused, stock, "
@@ -251,7 +267,8 @@ def bench(
         if not rep_ms > 0 or warmup_ms < 0:
             raise UsageError(f"--rep-ms {rep_ms} / --warmup-ms {warmup_ms}: need rep > 0 and warmup >= 0 (ms)")
         opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
-                        deadline, layers=layers, rep_ms=rep_ms, warmup_ms=warmup_ms, phase_split=phase_split,
+                        deadline, layers=layers, rep_ms=rep_ms, warmup_ms=warmup_ms, burst_ms=burst_ms,
+                        idle_ms=idle_ms, phase_split=phase_split,
                         **parse_baselines(baselines))
         lat, _ = run_bench(opts, out, json_out)
         return 1 if (lat.check != "OK").any() else 0

@@ -37,7 +37,7 @@ from ffnq.errors import UsageError
 
 VERBS = ("warm", "qualify", "bench")
 OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout", "seed", "inject_rank", "layers",
-               "rep_ms", "warmup_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint"}
+               "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint"}
 THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
               "speedup_stock_nccl_min", "speedup_stock_symm_min",
               "max_slower_pct", "no_new_fail"}
@@ -124,7 +124,7 @@ def job_options(opts: dict):
               rdzv_endpoint=o.get("rdzv_endpoint"), deadline_s=o.get("deadline"),
               inject_ranks=parse_inject(inject if isinstance(inject, list) else [inject], tp),
               layers=int(o.get("layers", 1)), **parse_baselines(o.get("baselines", "auto")))
-    for k in ("rep_ms", "warmup_ms"):
+    for k in ("rep_ms", "warmup_ms", "burst_ms", "idle_ms"):
         if k in o:
             kw[k] = float(o[k])
     return validate(JobOptions(**kw))

@@ -65,8 +65,9 @@ class ClockWatch:
             if self._stop.wait(self.period_s):
                 return
 
-    def __enter__(self) -> ClockWatch:
+    def __enter__(self) -> ClockWatch:  # again for each burst: the polls add up
         if self.nvml is not None:
+            self._stop.clear()
             self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
         return self

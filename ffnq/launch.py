@@ -11,6 +11,7 @@ others, and the error names the dead rank (from its error record, else torchrun'
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -32,6 +33,7 @@ GPU_BACKENDS = ("triton", "flydsl")
 BASELINES = ("unfused", "stock", "stock-nccl", "stock-symm", "vllm")
 SETUP_S = 90.0  # interpreter + torch import + process group + weights, per job, on a slow 2-core host
 MAX_INJECT_NS = 2**31 - 1  # inject ticks are int32
+MAX_WINDOW_MS = 10_000  # a bench burst or idle longer than this is a typo, not a method
 
 
 class LaunchError(RuntimeError):
@@ -63,6 +65,8 @@ class JobOptions:
     layers: int = 1
     rep_ms: float = 1000.0  # timed budget per width and variant (ms), converted to a step count
     warmup_ms: float = 200.0
+    burst_ms: float = 250.0  # on a GPU the timed steps run in bursts this long (0: one window)...
+    idle_ms: float = 250.0  # ...each after this long idle: no window reaches the power cap
     min_steps: int = 10
     max_steps: int = 1000
     baseline: bool = True  # False: time the fused step alone
@@ -150,6 +154,9 @@ def validate(opts: JobOptions) -> JobOptions:
     if opts.inject_ranks and over_delay_ns(opts.timeout_s) <= 1.5 * opts.timeout_s * 1e9:
         raise UsageError(f"--timeout {opts.timeout_s}: injection over the timeout needs a delay above 1.5 x "
                          f"timeout in int32 ns (< {MAX_INJECT_NS / 1e9:.2f} s); use --timeout <= 1.4")
+    if not 0 <= opts.burst_ms <= MAX_WINDOW_MS or not 0 <= opts.idle_ms <= MAX_WINDOW_MS:
+        raise UsageError(f"--burst-ms {opts.burst_ms:g} / --idle-ms {opts.idle_ms:g}: allowed 0..{MAX_WINDOW_MS} ms "
+                         "each (--burst-ms 0: one timed window)")
     bad = [b for b in opts.baselines if b not in BASELINES]
     if bad:
         raise UsageError(f"--baselines {bad[0]!r}: allowed auto, none, or a list of {', '.join(BASELINES)}")
@@ -225,7 +232,8 @@ def deadline_for(job: str, opts: JobOptions) -> float:
         work = 60 + opts.steps * 0.1 + 5 * t
     elif job == "bench":
         variants = 1 + (max(len(opts.baselines), 3) if opts.baseline else 0)
-        per = (opts.rep_ms + opts.warmup_ms) / 1e3 * variants + 3.0 * opts.layers
+        bursts = math.ceil(opts.rep_ms / opts.burst_ms) if opts.burst_ms else 0
+        per = (opts.rep_ms + opts.warmup_ms + bursts * opts.idle_ms) / 1e3 * variants + 3.0 * opts.layers
         work = w * per * 3
     else:
         work = 30 + 10 * w

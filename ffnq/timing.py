@@ -2,17 +2,29 @@
 
     time_steps(fn, steps, barrier=dist_barrier)                 # cpu: wall clock per call
     time_steps(fn, steps, device="cuda:0", graph=True)          # GPU: CUDA-graph replay, events
+    time_steps(fn, steps, device="cuda:0", graph=True, burst=200, idle_s=0.25, watch=ClockWatch(dev))
 
 Budgets are in ms and become step counts (``steps_for``), as triton.testing.do_bench does.
 Ranks must agree on the count: the job takes the max estimate over ranks first.
+
+Bursts: a GPU held at its power limit lowers its clocks after well under a second of this kernel
+(ffnq.gpu_clocks), so one long window mixes two clock states. With ``burst`` the samples are
+taken ``burst`` at a time, each burst after ``idle_s`` with the GPU idle and LEAD untimed calls
+(the first call after an idle is slow); ``watch`` (a ClockWatch) polls the clocks during the bursts
+only.
 """
 from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
+
+from ffnq.gpu_clocks import idle
+
+LEAD = 3  # untimed calls after each idle
 
 
 def steps_for(estimate_us: float, budget_ms: float, lo: int, hi: int) -> int:
@@ -21,22 +33,30 @@ def steps_for(estimate_us: float, budget_ms: float, lo: int, hi: int) -> int:
 
 
 def time_steps(fn: Callable[[], object], steps: int, *, barrier: Callable[[], None] | None = None,
-               device: torch.device | str = "cpu", graph: bool = False) -> list[float]:
+               device: torch.device | str = "cpu", graph: bool = False, burst: int = 0, idle_s: float = 0.0,
+               watch=None) -> list[float]:
     """``steps`` samples (us) of ``fn``. On cpu: a barrier (ranks start together), then the wall
     clock around one call. On cuda with ``graph``: fn is captured once into a CUDA graph (every
-    collective setup must be done before) and each sample is one replay between two events."""
+    collective setup must be done before) and each sample is one replay between two events.
+    ``burst``, ``idle_s``, ``watch``: see the module's docstring (idle_s only on a GPU)."""
     dev = torch.device(device)
+    burst = burst if 0 < burst < steps else max(steps, 1)
+    chunks = [min(burst, steps - i) for i in range(0, steps, burst)]
+    watch = watch if watch is not None else nullcontext()
     if dev.type != "cuda":
         out = []
-        for _ in range(steps):
-            if barrier:
-                barrier()
-            t0 = time.perf_counter_ns()
-            fn()
-            out.append((time.perf_counter_ns() - t0) / 1e3)
+        for n in chunks:
+            with watch:
+                for _ in range(n):
+                    if barrier:
+                        barrier()
+                    t0 = time.perf_counter_ns()
+                    fn()
+                    out.append((time.perf_counter_ns() - t0) / 1e3)
         return out
     stream = torch.cuda.Stream(dev)
     stream.wait_stream(torch.cuda.current_stream(dev))
+    ev = []
     with torch.cuda.stream(stream):
         fn()  # warm the allocator on the capture stream
         call = fn
@@ -46,14 +66,23 @@ def time_steps(fn: Callable[[], object], steps: int, *, barrier: Callable[[], No
                 fn()
             call = g.replay
         torch.cuda.synchronize(dev)
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
-        for a, b in ev:
-            if barrier:
-                barrier()
-            a.record(stream)
-            call()
-            b.record(stream)
-        torch.cuda.synchronize(dev)
+        for n in chunks:
+            if idle_s > 0:
+                idle(idle_s, dev)
+                if barrier:
+                    barrier()
+                for _ in range(LEAD):
+                    call()
+            pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+            with watch:
+                for a, b in pairs:
+                    if barrier:
+                        barrier()
+                    a.record(stream)
+                    call()
+                    b.record(stream)
+                torch.cuda.synchronize(dev)
+            ev += pairs
     return [a.elapsed_time(b) * 1e3 for a, b in ev]
 
 

@@ -6,6 +6,7 @@
 # in $OUT/round.log.
 #   prewarm (both) prewarm1 prewarm2   fill Triton's cache for TP1/TP2 minimax-m2 with parallel CPU compiles
 #   warm2 qualify2 bench2 soak2 gate2   TP2 on 2 GPUs      warm1 qualify1 bench1 soak1 gate1   TP1
+#   bench1c   TP1 bench timed in one window per width (--burst-ms 0), the method before bursts
 #   vllm2 vllm2s   TP2 bench beside (b) and (d) = (b) with vLLM's fused_moe kernel (default / small-M config)
 #   tp2on1   TP2's builds on one GPU (both ranks in one process, half the grid each: scripts/tp2_one_gpu.py)
 #   SOAK_STEPS (default 100000) sets the soak's length
@@ -43,6 +44,7 @@ for s in "$@"; do
     qualify1) step $s 240 $FF qualify $M --tp 1 --inject-rank all --out "$R" ;;
     qualify2) step $s 240 $FF qualify $M --tp 2 --inject-rank all --out "$R" ;;
     bench1) step $s 150 $FF bench $M --tp 1 --widths 1-16 --rep-ms 300 --out "$R" ;;
+    bench1c) step $s 150 $FF bench $M --tp 1 --widths 1-16 --rep-ms 300 --burst-ms 0 --out "$R" ;;  # one window, as before 2026-12-04
     bench2) step $s 200 $FF bench $M --tp 2 --widths 1-16 --rep-ms 300 --out "$R" ;;
     soak1) step $s 320 $FF soak $M --tp 1 --steps ${SOAK_STEPS:-100000} --widths 1-16 --random-padding --runners 2 --deadline 300 --out "$R" ;;
     soak2) step $s 320 $FF soak $M --tp 2 --steps ${SOAK_STEPS:-100000} --widths 1-16 --random-padding --runners 2 --deadline 300 --out "$R" ;;

@@ -28,6 +28,8 @@ BAD = [
     (["qualify", "--timeout", "-1"], "must be > 0"),
     (["qualify", "--backend", "triton"], "needs a GPU and this host has none"),
     (["bench", "--rep-ms", "0"], "--rep-ms 0.0"),
+    (["bench", "--burst-ms", "-1"], "--burst-ms -1 / --idle-ms 250: allowed 0..10000 ms"),
+    (["bench", "--idle-ms", "60000"], "--idle-ms 60000: allowed 0..10000 ms"),
     (["bench", "--baselines", "nccl"], "--baselines 'nccl': allowed auto, none"),
     (["bench", "--baselines", "stock-symm"], "needs a GPU backend and --tp >= 2"),
     (["bench", "--baselines", "vllm"], "--baselines vllm: needs a GPU backend"),

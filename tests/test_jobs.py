@@ -52,6 +52,25 @@ def test_bench_summary_slowest_rank_and_speedup():
     assert bench.summarize(rows).iloc[0].followed == "unfused 1"
 
 
+def test_bench_summary_keeps_the_slowest_clock_and_any_cap():
+    """sm_mhz: the fused step's slowest rank; capped_pct: the most of any variant and rank (a
+    baseline timed under a cap skews its speedup as much as the fused step's own)."""
+    rows = pd.DataFrame([
+        {"width": 16, "variant": v, "rank": r, "check": "OK", "rel_err": 1e-3, "p50_us": 10.0, "p90_us": 11.0,
+         "p99_us": 12.0, "steps": 10, "sm_mhz": mhz, "capped_pct": cap}
+        for v, r, mhz, cap in (("fused", 0, 1980.0, 0.0), ("fused", 1, 1845.0, 0.0), ("unfused", 0, 1215.0, 30.0))])
+    m = bench.summarize(rows).iloc[0]
+    assert m.sm_mhz == 1845.0 and m.capped_pct == 30.0
+
+
+def test_bench_deadline_counts_the_idle_before_each_burst():
+    from ffnq.launch import JobOptions, deadline_for
+
+    one = JobOptions(widths=[1], baseline=False, rep_ms=1000, burst_ms=0)
+    four = JobOptions(widths=[1], baseline=False, rep_ms=1000, burst_ms=250, idle_ms=500)
+    assert deadline_for("bench", four) - deadline_for("bench", one) == pytest.approx(4 * 0.5 * 3)
+
+
 def test_bench_floor_is_the_mean_over_the_weight_sets():
     """A timed step runs every weight set, each with its own router: the floor's bytes are the
     mean of the sets' touched experts (from the fp64 routing of each set), not set 0's."""

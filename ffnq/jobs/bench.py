@@ -2,7 +2,10 @@
 
 Each width: fresh inputs, one checked step of each variant against the fp64 reference (a
 variant that is wrong is not timed), an estimate (3 calls, max over ranks) that turns the ms
-budgets into step counts every rank agrees on, warm-up, then ``time_steps`` samples. A step is
+budgets into step counts every rank agrees on, warm-up, then ``time_steps`` samples, on a GPU in
+bursts of ``burst_ms`` each after ``idle_ms`` idle, so that no window runs long enough to bring
+the GPU to its power cap (ffnq.gpu_clocks), with the SM clock and the share of time under a cap
+recorded per window. A step is
 ``layers`` launches, ``final=True`` on the last. One row per (width, variant, rank) in table
 ``latency``; ``summarize`` makes one row per width.
 """
@@ -14,6 +17,7 @@ import torch
 from ffnq import reference
 from ffnq.baseline import Unfused
 from ffnq.dist import barrier
+from ffnq.gpu_clocks import ClockWatch
 from ffnq.jobs.rank import setup
 from ffnq.jobs.records import Records, main, max_over_ranks
 from ffnq.spec import Experts
@@ -192,15 +196,20 @@ def run(job, opts: dict, rec: Records) -> None:
             time_steps(step, steps_for(est_us, opts["warmup_ms"], 1, opts["max_steps"]), barrier=barrier,
                        device=job.device)
             n = steps_for(est_us * per, opts["rep_ms"], opts["min_steps"], opts["max_steps"])
-            capturable = graph
-            mode = "cuda-graph" if graph and capturable else ("cuda-events" if graph else "wall-clock")
+            burst_ms, idle_ms = (opts.get("burst_ms", 0.0), opts.get("idle_ms", 0.0)) if graph else (0.0, 0.0)
+            burst = steps_for(est_us * per, burst_ms, 1, n) if burst_ms else n
+            timed = dict(barrier=barrier, device=job.device, burst=burst, idle_s=idle_ms / 1e3,
+                         watch=(watch := ClockWatch(job.device)))
+            mode = "cuda-graph" if graph else "wall-clock"
             try:
-                samples = time_steps(step, n, barrier=barrier, device=job.device, graph=mode == "cuda-graph")
+                samples = time_steps(step, n, graph=graph, **timed)
             except RuntimeError as e:  # a runner that cannot be captured is still timed, eagerly
                 mode = f"cuda-events (graph capture failed: {str(e).splitlines()[0][:80]})"
-                samples = time_steps(step, n, barrier=barrier, device=job.device)
+                samples = time_steps(step, n, **timed)
             samples = [x / per for x in samples]
-            row["timing"] = mode + (f", {per} weight sets per replay (cold L2)" if per > 1 else "")
+            row["timing"] = (mode + (f", {per} weight sets per replay (cold L2)" if per > 1 else "")
+                             + (f", bursts of {burst} steps after {idle_ms:g} ms idle" if burst < n else ""))
+            row |= watch.summary()
             if name == "fused" and fused.fault(s):
                 row["check"], row["detail"] = "FAIL", f"fault while timing: {fused.fault(s)}"
             rec.row("latency", row | quantiles_us(samples))
@@ -235,6 +244,9 @@ def summarize(lat: pd.DataFrame) -> pd.DataFrame:
                 continue
             if "p50_us" in row:
                 row[f"speedup_{key}"] = row[f"{key}_p50_us"] / row["p50_us"]
+        if "sm_mhz" in f and f.sm_mhz.notna().any():  # the slowest rank's clock; a cap in any variant
+            row["sm_mhz"] = f.sm_mhz.min()
+            row["capped_pct"] = g.capped_pct.max()
         if "floor_us" in f and f.floor_us.notna().any():
             row["floor_us"] = f.floor_us.max()
             row["touched_experts"] = f.touched_experts.max()
