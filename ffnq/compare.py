@@ -7,7 +7,9 @@ median's spread, with (p90 - p50) / 1.28 estimating the sample spread), the p99'
 that; band = 3 x sqrt(se_base^2 + se_new^2), but never under RUN_TO_RUN_PCT of the base: two runs
 of one kernel on two lent 2xH200 machines (reports/, rounds 2 and 3) differed by 0.6 to 1.4% at
 every width while each run's own band was under 0.12%. Verdict: ``faster`` / ``slower`` beyond the band,
-else ``same``. Qualify reports: a case that changed status (``regressed`` PASS -> FAIL,
+else ``same``. Where both reports carry the fused step's SM clock (NVML, ffnq.gpu_clocks), a
+``clock`` row per width says whether it moved by more than CLOCK_PCT: an H200 at its power cap
+ran this kernel at 1215-1965 MHz, and a latency delta beside a clock delta is the machine's. Qualify reports: a case that changed status (``regressed`` PASS -> FAIL,
 ``fixed``, ``new``, ``gone``). Warm reports: a width whose residency or CTAs per CU changed.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ffnq.report import load_report
 
 BAND_SIGMAS = 3.0
 RUN_TO_RUN_PCT = 2.0  # machine-to-machine spread the samples of one run cannot show
+CLOCK_PCT = 2.0  # SM clocks further apart than this (a power cap on one run) explain a latency delta
 COLUMNS = ["kind", "key", "metric", "base", "new", "delta_pct", "band_pct", "verdict"]
 
 
@@ -55,6 +58,12 @@ def latency_rows(base: pd.DataFrame, new: pd.DataFrame) -> list[dict]:
             verdict = "slower" if delta > band else "faster" if delta < -band else "same"
             rows.append({"kind": "latency", "key": f"w={int(w)}", "metric": m, "base": vb, "new": vn,
                          "delta_pct": 100 * delta / vb, "band_pct": 100 * band / vb, "verdict": verdict})
+        vb, vn = rb.get("sm_mhz"), rn.get("sm_mhz")
+        if vb is not None and vn is not None and vb == vb and vn == vn:  # why two runs differ, when they do
+            delta = 100 * (vn - vb) / vb
+            rows.append({"kind": "clock", "key": f"w={int(w)}", "metric": "sm_mhz", "base": vb, "new": vn,
+                         "delta_pct": delta, "band_pct": CLOCK_PCT,
+                         "verdict": "changed" if abs(delta) > CLOCK_PCT else "same"})
     return rows
 
 

@@ -32,6 +32,17 @@ def test_latency_verdicts_follow_the_noise_band():
     assert {r["metric"] for r in faster} == {"p50_us", "p99_us", "unfused_p50_us"}
 
 
+def test_a_clock_row_says_when_the_sm_clocks_differ():
+    """Reports with the fused step's SM clock get a clock row per width: a latency delta beside a
+    clock delta (one run under a power cap) is the machine's, not the kernel's."""
+    base = bench_table([100.0, 150.0], [101.0, 151.0]).assign(sm_mhz=[1980.0, 1980.0])
+    new = bench_table([100.5, 165.0], [101.5, 166.0]).assign(sm_mhz=[1965.0, 1215.0])
+    clock = {r["key"]: r for r in latency_rows(base, new) if r["kind"] == "clock"}
+    assert clock["w=1"]["verdict"] == "same" and clock["w=2"]["verdict"] == "changed"
+    assert abs(clock["w=2"]["delta_pct"] + 38.64) < 0.01
+    assert not [r for r in latency_rows(base.drop(columns="sm_mhz"), new) if r["kind"] == "clock"]
+
+
 def test_status_and_residency_changes():
     q = lambda st: pd.DataFrame({"case": ["correct", "inject-over r1"], "width": [4, 16], "status": st})  # noqa: E731
     rows = qualify_rows(q(["PASS", "PASS"]), q(["PASS", "FAIL"]))
