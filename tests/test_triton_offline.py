@@ -101,15 +101,15 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert [K.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
     assert K.measured("minimax-m2", 1, 1) == {"KS": 2, "CPS": 3, "NS": 3, "SQ": 1}
     assert K.measured("minimax-m2", 2, 1) == {"X8T": 4} and K.measured("minimax-m2", 2, 2) == {}
-    # v28: items from one counter at TP1's 4-15 tokens only (v27's per-stage counters were slower
-    # at 3 tokens; one counter gains nothing at 1-3, nor at 16 in the bench)
+    # v28: items from one counter at TP1's 4-15 tokens (v27's per-stage counters were slower at 3
+    # tokens; one counter gains nothing at 1-3); v36: at 16 too (timed in bursts, dev round 99)
     dq = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s))["DQ"] for tp in (1, 2) for s in range(1, 17)}
-    assert [s for s in range(1, 17) if dq[1, s]] == list(range(4, 16))
+    assert [s for s in range(1, 17) if dq[1, s]] == list(range(4, 17))
     assert not any(dq[2, s] for s in range(1, 17))
-    # v31: five stage-1 pipeline stages, stage 2 at four, at TP1's 4-6 and 9-11 tokens (dev rounds
-    # 75-77); three at 1-3 (three CTAs per SM), four elsewhere; TP2 keeps four
+    # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens (v31: 4-6 and 9-11, dev
+    # rounds 75-77; v37: 7-8 and 12-16, dev round 100); three at 1-3 (three CTAs per SM); TP2 four
     ns = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
-    assert [s for s in range(1, 17) if ns[1, s]["NS"] == 5] == [4, 5, 6, 9, 10, 11]
+    assert [s for s in range(1, 17) if ns[1, s]["NS"] == 5] == list(range(4, 17))
     assert all(ns[1, s]["NS2"] == 4 for s in range(4, 17)) and ns[1, 3]["NS"] == ns[1, 3]["NS2"] == 3
     assert all(ns[2, s]["NS"] == ns[2, s]["NS2"] == 4 for s in range(1, 17))
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
@@ -474,7 +474,7 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
     default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), with
     both stages' accumulators rescaled in place (RS=1, A8=3), on four act terms (A8T=4), and
-    with a CTA's items after its first from one counter (DQ=1, TP1's 4-15 tokens)."""
+    with a CTA's items after its first from one counter (DQ=1, TP1's 4-16 tokens)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -526,7 +526,7 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_items_taken_from_counters(monkeypatch):
-    """DQ=1 (TP1's 4-15 tokens, configs/triton-measured.toml): after its first item a CTA takes
+    """DQ=1 (TP1's 4-16 tokens, configs/triton-measured.toml): after its first item a CTA takes
     the next ticket of one counter for both stages, not every BLOCKS-th item; its first stage-2
     item is the one its last stage-1 claim took (carried from the stage-1 launch to the stage-2
     launch here). The interpreter runs CTAs one after another, so on a grid of 7 CTA 0 takes
@@ -773,7 +773,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
     and once with the flagged exchanges (LL=0, CDNA's); ALL again with the seam's partial logits
     over the live rows (PLR=4); LOCAL and ALL with the items from one counter on a grid of 7, so
-    that most items are taken from it (DQ=1: on at TP1's 4-15 tokens, not yet at TP2); ALL and
+    that most items are taken from it (DQ=1: on at TP1's 4-16 tokens, not yet at TP2); ALL and
     LOCAL with the sum of each row's own slots (SPS=2: on at TP1, not yet at TP2; LOCAL's rows
     have route entries of other ranks' experts, which have no slot here)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)

@@ -1628,8 +1628,9 @@ def geometry(key) -> dict:
     # its own every-BLOCKS-th): 1-3% faster at TP1's 4-14 tokens, no gain at 16. v28, one counter
     # (dev rounds 62-63, named DQ=2 there; scripts/ab_bench.sh beside v27): the same as v27's at
     # 4-15 tokens (configs/triton-measured.toml); at 16 2.3% faster in the graph profile but not
-    # in the bench, at 1-3 no gain (a stage's items fit one round). TP2, not measured, keeps the
-    # every-BLOCKS-th schedule
+    # in a bench timed across the GPU's power cap, and 1.5% faster in one timed in bursts (v36,
+    # dev round 99), so 4-16; at 1-3 no gain (a stage's items fit one round). TP2, not measured,
+    # keeps the every-BLOCKS-th schedule
     dq = tune.get("DQ", 0)
     if dq not in (0, 1):
         raise ValueError(f"FFNQ_TRITON_TUNE DQ={dq}: allowed 0 (every BLOCKS-th item) or 1 (one counter)")
