@@ -9,8 +9,9 @@ of one kernel on two lent 2xH200 machines (reports/, rounds 2 and 3) differed by
 every width while each run's own band was under 0.12%. Verdict: ``faster`` / ``slower`` beyond the band,
 else ``same``. Where both reports carry the fused step's SM clock (NVML, ffnq.gpu_clocks), a
 ``clock`` row per width says whether it moved by more than CLOCK_PCT: an H200 at its power cap
-ran this kernel at 1215-1965 MHz, and a latency delta beside a clock delta is the machine's. Qualify reports: a case that changed status (``regressed`` PASS -> FAIL,
-``fixed``, ``new``, ``gone``). Warm reports: a width whose residency or CTAs per CU changed.
+ran this kernel at 960-1965 MHz, and a latency delta beside a clock delta is the machine's.
+Qualify reports: a case that changed status (``regressed`` PASS -> FAIL, ``fixed``, ``new``,
+``gone``). Warm reports: a width whose residency or CTAs per CU changed.
 """
 from __future__ import annotations
 

@@ -6,13 +6,14 @@
 
 Why: an H200 held at its 700 W limit lowers the SM clock, after ~0.6-0.8 s of this kernel at
 6-16 tokens, from 1980 MHz to as low as 960 (NVML reason: software power cap), and a launch then
-takes 5-25% longer (scripts/replay_spread.py, reports/20261204-replay-spread). A window timed
-across that edge has a p90 far over its p50, and two runs of one kernel differ by where their
-windows fell. The bench therefore idles before each timed burst (ffnq.timing) and records, per
-window, the SM clock and the share of polls during which a cap held the clocks down.
+takes 5-25% longer (scripts/replay_spread.py, reports/20261204T004000-replay-spread-triton-tp1).
+A window timed across that edge has a p90 far over its p50, and two runs of one kernel differ by
+where their windows fell. The bench therefore idles before each timed burst (ffnq.timing) and
+records, per window, the SM clock and the share of polls during which a cap held the clocks down.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import threading
 import time
@@ -28,7 +29,12 @@ CAP_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 def nvml_handle(device: torch.device | str):
     """(pynvml, handle) of ``device`` or None: off NVIDIA GPUs, or where nvidia-ml-py or the
     driver's NVML is missing (the bench then reports no clock columns)."""
-    device = torch.device(device)
+    return _handle(str(torch.device(device)))
+
+
+@functools.cache
+def _handle(name: str):
+    device = torch.device(name)
     if device.type != "cuda" or torch.version.hip is not None:
         return None
     try:
@@ -61,7 +67,10 @@ class ClockWatch:
 
     def _run(self) -> None:
         while True:
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 (a query this GPU does not answer: fewer polls, no crash)
+                return
             if self._stop.wait(self.period_s):
                 return
 
@@ -76,7 +85,10 @@ class ClockWatch:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
-            self.poll()  # the state at the window's end, also for windows shorter than a period
+            try:
+                self.poll()  # the state at the window's end, also for windows shorter than a period
+            except Exception:  # noqa: BLE001
+                pass
 
     def summary(self) -> dict:
         if not self.polls:

@@ -56,6 +56,17 @@ def test_a_watch_polls_while_each_window_runs_and_adds_them_up():
     assert len(w.polls) >= first + 3 and w.summary()["capped_pct"] == 0.0
 
 
+def test_a_query_the_gpu_does_not_answer_ends_the_polls_not_the_bench():
+    def refuse(h):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+    m = fake_nvml([(1980, 400_000, 0)])
+    m.nvmlDeviceGetPowerUsage = refuse
+    w = ClockWatch("cpu", period_s=0.001, nvml=(m, "h"))
+    with w:
+        time.sleep(0.01)
+    assert w.summary() == {} and not w._thread.is_alive()
+
+
 def test_off_nvidia_nothing_is_polled_and_idle_does_not_wait():
     assert nvml_handle("cpu") is None
     w = ClockWatch("cpu")

@@ -5,9 +5,8 @@ variant that is wrong is not timed), an estimate (3 calls, max over ranks) that 
 budgets into step counts every rank agrees on, warm-up, then ``time_steps`` samples, on a GPU in
 bursts of ``burst_ms`` each after ``idle_ms`` idle, so that no window runs long enough to bring
 the GPU to its power cap (ffnq.gpu_clocks), with the SM clock and the share of time under a cap
-recorded per window. A step is
-``layers`` launches, ``final=True`` on the last. One row per (width, variant, rank) in table
-``latency``; ``summarize`` makes one row per width.
+recorded per window. A step is ``layers`` launches, ``final=True`` on the last. One row per
+(width, variant, rank) in table ``latency``; ``summarize`` makes one row per width.
 """
 from __future__ import annotations
 
@@ -208,7 +207,7 @@ def run(job, opts: dict, rec: Records) -> None:
                 samples = time_steps(step, n, **timed)
             samples = [x / per for x in samples]
             row["timing"] = (mode + (f", {per} weight sets per replay (cold L2)" if per > 1 else "")
-                             + (f", bursts of {burst} steps after {idle_ms:g} ms idle" if burst < n else ""))
+                             + (f", bursts of {burst} steps after {idle_ms:g} ms idle" if idle_ms else ""))
             row |= watch.summary()
             if name == "fused" and fused.fault(s):
                 row["check"], row["detail"] = "FAIL", f"fault while timing: {fused.fault(s)}"
