@@ -360,8 +360,7 @@ def compare(
                 if b.get("config", {}).get(k) != n.get("config", {}).get(k)}
         if diff:
             notes.append(f"the runs differ in {diff}: compare with care")
-        counts = table.verdict.value_counts().to_dict() if len(table) else {}
-        verdict = f"{len(table)} rows: " + (", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no change")
+        verdict = f"{len(table)} rows: " + (cmp.counts(table) or "no change")
         show_table(table, json_out=json_out, title=f"compare {b['job']}: {Path(base).name} -> {Path(new).name}")
         path = write_report(out, "compare", b.get("config", {}).get("backend", "x"), b.get("config", {}).get("tp", 0),
                             table, meta=_meta({"base": str(base), "new": str(new)}) | {"config": n.get("config", {})},

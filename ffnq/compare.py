@@ -107,6 +107,13 @@ def compare(base: dict, new: dict) -> pd.DataFrame:
     return pd.DataFrame(rows(tb, tn), columns=COLUMNS)
 
 
+def counts(table: pd.DataFrame) -> str:
+    """Verdicts counted per kind of row, e.g. "latency: 28 same, 2 slower; clock: 10 same" (a
+    clock row's "same" is not a latency's)."""
+    return "; ".join(f"{kind}: " + ", ".join(f"{n} {v}" for v, n in sorted(g.verdict.value_counts().items()))
+                     for kind, g in table.groupby("kind", sort=False))
+
+
 def plot(base: pd.DataFrame, new: pd.DataFrame, path: Path, labels: tuple[str, str]) -> None:
     import matplotlib
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ffnq.compare import latency_rows, qualify_rows, warm_rows
+from ffnq.compare import counts, latency_rows, qualify_rows, warm_rows
 
 TESTS = Path(__file__).parent
 
@@ -41,6 +41,8 @@ def test_a_clock_row_says_when_the_sm_clocks_differ():
     assert clock["w=1"]["verdict"] == "same" and clock["w=2"]["verdict"] == "changed"
     assert abs(clock["w=2"]["delta_pct"] + 38.64) < 0.01
     assert not [r for r in latency_rows(base.drop(columns="sm_mhz"), new) if r["kind"] == "clock"]
+    table = pd.DataFrame(latency_rows(base, new))
+    assert counts(table) == "latency: 4 same, 2 slower; clock: 1 changed, 1 same"  # w=2: p50, p99
 
 
 def test_status_and_residency_changes():
