@@ -16,7 +16,7 @@ clocks.csv, summary.md and spread.png under --out.
 With --idle-ms, instead: per width and idle length, --bursts bursts of --burst-ms of replays,
 each after that long with the GPU idle (ffnq.gpu_clocks.idle) and a few untimed replays, the
 clocks polled through NVML (ffnq.gpu_clocks.ClockWatch) during each: how long an idle keeps a
-timed window under the power cap (the bench's --cooldown-ms).
+timed window under the power cap (the bench's --idle-ms).
 """
 import argparse
 import csv
