@@ -26,15 +26,11 @@ import torch
 CAP_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 
-def nvml_handle(device: torch.device | str):
-    """(pynvml, handle) of ``device`` or None: off NVIDIA GPUs, or where nvidia-ml-py or the
-    driver's NVML is missing (the bench then reports no clock columns)."""
-    return _handle(str(torch.device(device)))
-
-
 @functools.cache
-def _handle(name: str):
-    device = torch.device(name)
+def nvml_handle(device: torch.device | str):
+    """(pynvml, handle, the reasons query) of ``device`` or None: off NVIDIA GPUs, or where
+    nvidia-ml-py or the driver's NVML is missing (the bench then reports no clock columns)."""
+    device = torch.device(device)
     if device.type != "cuda" or torch.version.hip is not None:
         return None
     try:
@@ -43,9 +39,15 @@ def _handle(name: str):
         pynvml.nvmlInit()
         # by UUID: NVML counts every GPU of the host, CUDA only the visible ones
         uuid = str(torch.cuda.get_device_properties(device).uuid)
-        return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        h = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        return pynvml, h, reasons_query(pynvml)
     except Exception:  # noqa: BLE001 (no NVML: the timing stands, without its clock columns)
         return None
+
+
+def reasons_query(m):
+    """NVML's clock-event reasons call (drivers before the rename know it as throttle reasons)."""
+    return getattr(m, "nvmlDeviceGetCurrentClocksEventReasons", None) or m.nvmlDeviceGetCurrentClocksThrottleReasons
 
 
 class ClockWatch:
@@ -53,15 +55,14 @@ class ClockWatch:
     the ``with`` block runs. ``nvml`` = (module, handle) replaces the lookup (tests)."""
 
     def __init__(self, device: torch.device | str, period_s: float = 0.005, nvml=None):
-        self.nvml = nvml if nvml is not None else nvml_handle(device)
+        self.nvml = (*nvml, reasons_query(nvml[0])) if nvml is not None else nvml_handle(device)
         self.period_s = period_s
         self.polls: list[tuple[float, float, int]] = []  # (sm MHz, W, reasons)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def poll(self) -> None:
-        m, h = self.nvml
-        reasons = getattr(m, "nvmlDeviceGetCurrentClocksEventReasons", None) or m.nvmlDeviceGetCurrentClocksThrottleReasons
+        m, h, reasons = self.nvml
         self.polls.append((float(m.nvmlDeviceGetClockInfo(h, m.NVML_CLOCK_SM)),
                            m.nvmlDeviceGetPowerUsage(h) / 1e3, int(reasons(h))))
 

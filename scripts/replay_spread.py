@@ -14,7 +14,7 @@ a clock drop), and the SM clock and power over the fast and the slow replays. Wr
 clocks.csv, summary.md and spread.png under --out.
 
 With --idle-ms, instead: per width and idle length, --bursts bursts of --burst-ms of replays,
-each after that long with the GPU idle (ffnq.gpu_clocks.idle) and a few untimed replays, the
+each the bench's own burst (ffnq.timing.time_steps: that long idle, three untimed replays), the
 clocks polled through NVML (ffnq.gpu_clocks.ClockWatch) during each: how long an idle keeps a
 timed window under the power cap (the bench's --idle-ms).
 """
@@ -32,9 +32,10 @@ import torch
 
 from ffnq import reference
 from ffnq.backends.triton import TritonRunner
-from ffnq.gpu_clocks import ClockWatch, idle
+from ffnq.gpu_clocks import ClockWatch
 from ffnq.jobs.bench import ROTATE_SETS_GPU
 from ffnq.spec import Experts, load_model
+from ffnq.timing import quantiles_us, time_steps
 from ffnq.weights import shard, synthetic
 
 QUERY = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
@@ -112,22 +113,16 @@ def bursts(a, r, spec, full, sets, widths, dev, pb):
         graph, rel = graph_of(r, spec, full, sets, s, dev)
         for _ in range(20):
             graph.replay()
-        _, us, _ = time_replays(graph.replay, 20)
-        n = max(5, int(a.burst_ms * 1e3 / statistics.median(us)))
+        n = max(5, int(a.burst_ms * 1e3 / statistics.median(time_steps(graph.replay, 20, device=dev))))
         for ms in [float(x) for x in a.idle_ms.split(",")]:
             got, watch = [], []
-            for _ in range(a.bursts):
-                idle(ms / 1e3, dev)
-                for _ in range(3):  # the first replay after an idle is slow (caches, clocks)
-                    graph.replay()
-                with ClockWatch(dev) as w:
-                    _, us, _ = time_replays(graph.replay, n)
-                got += [x / len(sets) for x in us]
+            for _ in range(a.bursts):  # the bench's burst (ffnq.timing): idle, 3 untimed replays, n timed
+                w = ClockWatch(dev)
+                got += [x / len(sets) for x in time_steps(graph.replay, n, device=dev, idle_s=ms / 1e3, watch=w)]
                 watch.append(w.summary())
-            q = torch.quantile(torch.tensor(got, dtype=torch.float64), torch.tensor([0.5, 0.9, 0.99],
-                               dtype=torch.float64)).tolist()
-            rows.append(dict(width=s, idle_ms=ms, bursts=a.bursts, replays=n, p50=q[0], p90=q[1], p99=q[2],
-                             capped_pct=statistics.mean(x.get("capped_pct", float("nan")) for x in watch),
+            q = quantiles_us(got)
+            rows.append(dict(width=s, idle_ms=ms, bursts=a.bursts, replays=n, p50=q["p50_us"], p90=q["p90_us"],
+                             p99=q["p99_us"], capped_pct=statistics.mean(x.get("capped_pct", float("nan")) for x in watch),
                              sm_mhz_min=min(x.get("sm_mhz_min", float("nan")) for x in watch),
                              power_w=max(x.get("power_w", float("nan")) for x in watch), rel_err=rel))
             print(json.dumps(rows[-1]), flush=True)
@@ -174,10 +169,9 @@ def main():
             starts, us, t0 = time_replays(graph.replay, a.replays)
             us = [x / len(sets) for x in us]
             samples += [dict(width=s, i=i, t=t0 + st / 1e3, us=u) for i, (st, u) in enumerate(zip(starts, us))]
-            q = torch.quantile(torch.tensor(us, dtype=torch.float64), torch.tensor([0.5, 0.9, 0.99],
-                               dtype=torch.float64)).tolist()
-            summary.append(dict(width=s, rel_err=rel, p50=q[0], p90=q[1], p99=q[2],
-                                slow_share=sum(u > 1.05 * q[0] for u in us) / len(us), lag1=lag1(us),
+            q = quantiles_us(us)
+            summary.append(dict(width=s, rel_err=rel, p50=q["p50_us"], p90=q["p90_us"], p99=q["p99_us"],
+                                slow_share=sum(u > 1.05 * q["p50_us"] for u in us) / len(us), lag1=lag1(us),
                                 t_lo=t0 + starts[0] / 1e3, t_hi=t0 + starts[-1] / 1e3))
             time.sleep(0.3)  # an idle stretch between widths, visible in the clocks
     finally:
