@@ -464,7 +464,7 @@ def _claims_and_items(r, S: int) -> tuple[int, list]:
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "RS=1,A8=3",
-                                  "A8T=4", "DQ=1"])
+                                  "A8T=4", "DQ=1", "KROT=3"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
@@ -473,8 +473,9 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     that TP1 skips by default (SOLO=0: they are the identity there, v22), with each stage-2
     item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
     default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), with
-    both stages' accumulators rescaled in place (RS=1, A8=3), on four act terms (A8T=4), and
-    with a CTA's items after its first from one counter (DQ=1, TP1's 4-16 tokens)."""
+    both stages' accumulators rescaled in place (RS=1, A8=3), on four act terms (A8T=4),
+    with a CTA's items after its first from one counter (DQ=1, TP1's 4-16 tokens), and with each
+    item's K loop started at a block set by its tile (KROT=3)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference

@@ -750,7 +750,7 @@ def ffn_kernel(
     RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr, PF: tl.constexpr,
+    SC_INV: tl.constexpr, PF: tl.constexpr, KROT: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -1115,7 +1115,14 @@ def ffn_kernel(
                 # MMA, which then accumulates in place (no second fp32 product live; as A8 = 3)
                 ug = tl.full((), 1.0, tl.float32)
                 uu = tl.full((), 1.0, tl.float32)
-                for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
+                # KROT & 1: the item's K steps start at a block set by its tile, so the items that
+                # start together do not read the same column block of their rows (a sum's order
+                # is still fixed by the item alone: deterministic)
+                k1 = (t % (KSTEP // BK)) * BK if KROT % 2 else 0
+                for k00 in tl.range(0, KSTEP, BK, num_stages=NS):
+                    k0 = k00 + k1
+                    if KROT % 2:
+                        k0 = tl.where(k0 >= KSTEP, k0 - KSTEP, k0)
                     xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
@@ -1252,7 +1259,12 @@ def ffn_kernel(
                     # rescaled before each MMA, which then accumulates in place (no second
                     # [BH, A8T x SQ2] fp32 product live: _mma_unit)
                     su = tl.full((), 1.0, tl.float32)
-                    for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
+                    # KROT & 2: as stage 1's, by the item's H tile
+                    k2 = (t % (I_R // KH // A8K)) * A8K if KROT // 2 % 2 else 0
+                    for k00 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
+                        k0 = k00 + k2
+                        if KROT // 2 % 2:
+                            k0 = tl.where(k0 >= I_R // KH, k0 - I_R // KH, k0)
                         for q in tl.static_range(A8K // BN):
                             kk = kq + k0 + q * BN
                             av = tl.load(a8 + kk, cache_modifier=".cg")
@@ -1659,13 +1671,18 @@ def geometry(key) -> dict:
     if pf not in (0, 1, 2, 4):
         raise ValueError(f"FFNQ_TRITON_TUNE PF={pf}: allowed 0 (off), 1, 2 or 4 (the part of each w2 row a "
                          "stage-2 item prefetches)")
+    # KROT: each item's K loop starts at a block set by its tile (1: stage 1, 2: stage 2, 3: both),
+    # so that the items a round starts together do not all read the same column block
+    krot = tune.get("KROT", 0)
+    if krot not in (0, 1, 2, 3):
+        raise ValueError(f"FFNQ_TRITON_TUNE KROT={krot}: allowed 0 (off), 1 (stage 1), 2 (stage 2) or 3 (both)")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
-                 EW=bool(tune.get("EW", int(key.tp == 1))), PF=pf)
+                 EW=bool(tune.get("EW", int(key.tp == 1))), PF=pf, KROT=krot)
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
