@@ -34,16 +34,21 @@ def steps_for(estimate_us: float, budget_ms: float, lo: int, hi: int) -> int:
 
 def time_steps(fn: Callable[[], object], steps: int, *, barrier: Callable[[], None] | None = None,
                device: torch.device | str = "cpu", graph: bool = False, burst: int = 0, idle_s: float = 0.0,
-               watch=None) -> list[float]:
+               watch=None, warmup: int = 0) -> list[float]:
     """``steps`` samples (us) of ``fn``. On cpu: a barrier (ranks start together), then the wall
     clock around one call. On cuda with ``graph``: fn is captured once into a CUDA graph (every
     collective setup must be done before) and each sample is one replay between two events.
-    ``burst``, ``idle_s``, ``watch``: see the module's docstring (idle_s only on a GPU)."""
+    ``warmup`` untimed calls (replays) come first. ``burst``, ``idle_s``, ``watch``: see the
+    module's docstring (idle_s only on a GPU)."""
     dev = torch.device(device)
     burst = burst if 0 < burst < steps else max(steps, 1)
     chunks = [min(burst, steps - i) for i in range(0, steps, burst)]
     watch = watch if watch is not None else nullcontext()
     if dev.type != "cuda":
+        for _ in range(warmup):
+            if barrier:
+                barrier()
+            fn()
         out = []
         for n in chunks:
             with watch:
@@ -65,6 +70,8 @@ def time_steps(fn: Callable[[], object], steps: int, *, barrier: Callable[[], No
             with torch.cuda.graph(g, stream=stream):
                 fn()
             call = g.replay
+        for _ in range(warmup):
+            call()
         torch.cuda.synchronize(dev)
         for n in chunks:
             if idle_s > 0:

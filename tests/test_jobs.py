@@ -27,6 +27,32 @@ def test_time_steps_and_budgets():
     assert steps_for(1000.0, 50, 3, 100) == 50 and steps_for(1e6, 50, 3, 100) == 3 and steps_for(1, 1e3, 3, 100) == 100
 
 
+def test_time_steps_warms_up_untimed():
+    calls = []
+    s = time_steps(lambda: calls.append(1), 5, warmup=3)
+    assert len(s) == 5 and len(calls) == 8
+
+
+def test_bench_estimate_is_timed_as_the_samples(monkeypatch):
+    """The bench sizes its bursts from an estimate taken as the samples are: graph replays on a
+    GPU (an eager Triton step at one token took ~4x its replay, so bursts were a quarter of
+    --burst-ms), eagerly where the step cannot be captured."""
+    asked = []
+
+    def timed(step, n, *, graph=False, **kw):
+        asked.append(graph)
+        if graph and fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return [30.0, 10.0, 20.0]
+
+    monkeypatch.setattr(bench, "time_steps", timed)
+    fail = False
+    assert bench.estimate_us(lambda: None, True, None, "cuda") == 20.0 and asked == [True]
+    asked.clear()
+    fail = True
+    assert bench.estimate_us(lambda: None, True, None, "cuda") == 20.0 and asked == [True, False]
+
+
 def test_qualify_summary_merges_ranks():
     rows = pd.DataFrame([
         {"case": "correct", "width": 2, "rank": 0, "status": "PASS", "rel_err": 1e-3, "wrong": 0, "elements": 10,
