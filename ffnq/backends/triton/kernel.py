@@ -1641,8 +1641,9 @@ def geometry(key) -> dict:
     # (dev rounds 62-63, named DQ=2 there; scripts/ab_bench.sh beside v27): the same as v27's at
     # 4-15 tokens (configs/triton-measured.toml); at 16 2.3% faster in the graph profile but not
     # in a bench timed across the GPU's power cap, and 1.5% faster in one timed in bursts (v36,
-    # dev round 99), so 4-16; at 1-3 no gain (a stage's items fit one round). TP2, not measured,
-    # keeps the every-BLOCKS-th schedule
+    # dev round 99), so 4-16; at 1-3 no gain (a stage's items fit one round; in bursts, dev round
+    # 101: 46.0 / 70.5 / 96.9 against 45.8 / 70.9 / 96.8 us, and with three K parts at 1-3 tokens
+    # 48.8 / 71.8 / 97.8). TP2, not measured, keeps the every-BLOCKS-th schedule
     dq = tune.get("DQ", 0)
     if dq not in (0, 1):
         raise ValueError(f"FFNQ_TRITON_TUNE DQ={dq}: allowed 0 (every BLOCKS-th item) or 1 (one counter)")
@@ -1672,7 +1673,10 @@ def geometry(key) -> dict:
         raise ValueError(f"FFNQ_TRITON_TUNE PF={pf}: allowed 0 (off), 1, 2 or 4 (the part of each w2 row a "
                          "stage-2 item prefetches)")
     # KROT: each item's K loop starts at a block set by its tile (1: stage 1, 2: stage 2, 3: both),
-    # so that the items a round starts together do not all read the same column block
+    # so that the items a round starts together do not all read the same column block. Measured,
+    # not adopted (dev round 102, TP1, p50 us at 1 / 2 / 4 / 16 tokens): KROT=1 46.0 / 70.3 / 118.2 /
+    # 261.1, KROT=3 46.0 / 71.4 / 118.0 / 262.6 against 45.8-45.9 / 69.8-71.0 / 117.5-117.6 /
+    # 259.8-260.6; one token's stage 1 ended 1.3 us later: the items in step were not contending
     krot = tune.get("KROT", 0)
     if krot not in (0, 1, 2, 3):
         raise ValueError(f"FFNQ_TRITON_TUNE KROT={krot}: allowed 0 (off), 1 (stage 1), 2 (stage 2) or 3 (both)")
