@@ -112,6 +112,11 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert [s for s in range(1, 17) if ns[1, s]["NS"] == 5] == list(range(4, 17))
     assert all(ns[1, s]["NS2"] == 4 for s in range(4, 17)) and ns[1, 3]["NS"] == ns[1, 3]["NS2"] == 3
     assert all(ns[2, s]["NS"] == ns[2, s]["NS2"] == 4 for s in range(1, 17))
+    # v38: stage 1's MMA N (x terms x token columns) 16 at TP1's 4-8 tokens (dev round 104), 32 at
+    # 9-16; 1-3 tokens 16 (three CTAs per SM); TP2's 7-8 tokens keep four terms over 8 columns
+    n = {(tp, s): ns[tp, s]["X8T"] * ns[tp, s]["SQ"] for tp in (1, 2) for s in range(1, 17)}
+    assert [n[1, s] for s in range(1, 17)] == [16] * 8 + [32] * 8
+    assert (ns[1, 4]["SQ"], ns[1, 7]["X8T"], ns[2, 7]["X8T"], n[2, 7]) == (8, 2, 4, 32)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["KS"] == 1
     monkeypatch.setattr(K, "_measured_table", lambda: {"tiny": {"tp1": {"w1": {"LL": 0}}}})
@@ -183,7 +188,8 @@ def test_fp8_stage_two_on_nvidia(monkeypatch):
 def test_x_terms(monkeypatch):
     """X8T, x's fp8 terms (v30): two, so stage 1's MMA has half the columns, except where four
     make N = 32 from 8 token columns (7-8 tokens) and at TP2's widths whose two-term builds spill
-    (configs/triton-measured.toml); other values are refused, named."""
+    (configs/triton-measured.toml); TP1's 4-8 tokens take two over 8 columns there (v38: N = 16);
+    other values are refused, named."""
     from ffnq.backends.triton import kernel as K
     spec = load_model("minimax-m2")
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
@@ -191,10 +197,10 @@ def test_x_terms(monkeypatch):
     def terms(tp):
         gs = {s: K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for s in (1, 4, 6, 7, 8, 12, 16)}
         return {s: (g["X8T"], g["SQ"]) for s, g in gs.items()}
-    assert terms(1) == {1: (2, 8), 4: (2, 16), 6: (2, 16), 7: (4, 8), 8: (4, 8), 12: (2, 16), 16: (2, 16)}
+    assert terms(1) == {1: (2, 8), 4: (2, 8), 6: (2, 8), 7: (2, 8), 8: (2, 8), 12: (2, 16), 16: (2, 16)}
     assert terms(2) == {1: (4, 16), 4: (4, 16), 6: (4, 16), 7: (4, 8), 8: (4, 8), 12: (2, 16), 16: (2, 16)}
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T@8=2")
-    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 8))["SQ"] == 8  # 2 terms x 8 columns
+    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 8))["SQ"] == 8  # 2 terms x 8 columns
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T=3")
     with pytest.raises(ValueError, match="X8T=3: allowed 2 or 4"):
         K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))

@@ -1587,7 +1587,9 @@ def geometry(key) -> dict:
     # 151.2, 151.2 / 235.9, 238.0 / 293.8, 290.5; max rel_err over 1-16 tokens 0.00200 against
     # 0.00179. Four where they make N = 32 from 8 token columns (7-8 tokens, SQ from 7): two made
     # N = 16 there, 175.6, 175.7 against 173.9, 173.9 at 8 tokens. TP2's one, four and six
-    # tokens keep four (configs/triton-measured.toml: their two-term builds spill)
+    # tokens keep four (configs/triton-measured.toml: their two-term builds spill). v38: TP1's 4-8
+    # tokens two terms over 8 columns (N = 16), 0.4-1.2% faster timed in bursts (dev round 104;
+    # the 8-token pair above was timed in one window, before the bench timed in bursts)
     x8t = tune.get("X8T", 4 if cols(4) == 8 else 2)
     if x8t not in (2, 4):
         raise ValueError(f"FFNQ_TRITON_TUNE X8T={x8t}: allowed 2 or 4 fp8 terms of x")
