@@ -35,8 +35,8 @@ def test_time_steps_warms_up_untimed():
 
 def test_bench_estimate_is_timed_as_the_samples(monkeypatch):
     """The bench sizes its bursts from an estimate taken as the samples are: graph replays on a
-    GPU (an eager Triton step at one token took ~4x its replay, so bursts were a quarter of
-    --burst-ms), eagerly where the step cannot be captured."""
+    GPU (an eager Triton step at one token took 2-4x its replay, so bursts were a quarter to half
+    of --burst-ms), eagerly where the step cannot be captured."""
     asked = []
 
     def timed(step, n, *, graph=False, **kw):

@@ -61,7 +61,7 @@ def weight_sets(job) -> list:
 def estimate_us(step, graph: bool, barrier, device) -> float:
     """One call of ``step`` (us, the median of 3) as the samples will take it: as graph replays
     where they will be replays. An eager call also pays the host's launches (the Triton step at
-    one token ~4x its replay), which made the bursts a quarter of --burst-ms there."""
+    one token 2-4x its replay), which made the bursts a quarter to half of --burst-ms there."""
     try:
         est = time_steps(step, 3, barrier=barrier, device=device, graph=graph)
     except RuntimeError:  # not capturable: timed eagerly below too
