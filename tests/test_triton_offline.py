@@ -492,44 +492,17 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
 
 
-def test_tagged_logits_key(monkeypatch):
-    """TLG (the FR router's grid barrier as tagged logits): off by default, only where FR is on
-    (TP1 up to two tokens), with its scratch words; another value is refused, named."""
-    from ffnq.backends.triton import kernel as K
-    spec = load_model("minimax-m2")
-    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-    assert not K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["TLG"]
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "TLG=1")
-    key = offline.build_key(spec, 1, Experts.ALL, 2)
-    assert K.geometry(key)["TLG"] and ("tlog" in dict((n, s) for n, _, s in K.scratch_extra(key)))
-    assert not K.geometry(offline.build_key(spec, 1, Experts.ALL, 3))["TLG"]  # no FR from 3 rows
-    assert not K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))["TLG"]  # nor at TP2
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "TLG=2")
-    with pytest.raises(ValueError, match="TLG=2: allowed 0"):
-        K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))
-
-
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["FR=2", "FR=2,TLG=1"])
-def test_interpreter_tp1_whole_rows_router(tune, monkeypatch):
+def test_interpreter_tp1_whole_rows_router(monkeypatch):
     """FR: every CTA reads the two whole rows for rstd and its own experts' logits, in phase A,
-    and passes one grid barrier, or (TLG=1) posts its logits as tagged words that the top-k polls
-    (the grid of 264 CTAs has 232 past tiny's 32 experts, each posting a bare tag); x, the
-    logits and the routing must be the reference's."""
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
+    and passes one grid barrier; x, the logits and the routing must be the reference's."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=2")
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import kernel as K
     r, out, res, ref = _tp1_step(TritonRunner, torch.tensor([0, 1]), 3, 7)
-    g = K.geometry(r.keys[2])
-    assert g["FR"] == 1 and g["TLG"] == ("TLG=1" in tune)
-    if g["TLG"]:
-        words = r.view(2, "tlog")
-        e = int(r.epoch[0])  # this step's epoch, stored once every CTA had posted
-        tags = torch.cat([(words[:16 * g["EP2"]].view(16, g["EP2"])[:2, :g["E"]]).flatten(),
-                          words[16 * g["EP2"] + g["E"]:16 * g["EP2"] + g["BLOCKS"]]]) >> 32
-        assert e >= 1 and len(tags) == 2 * g["E"] + g["BLOCKS"] - g["E"] and (tags == e).all()
+    assert K.geometry(r.keys[2])["FR"] == 1
     assert reference.compare(out, ref.out)["rel_err"] < 1e-2
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
     assert torch.equal(r.view(2, "route").long(), ref.chosen)

@@ -658,68 +658,6 @@ def _ld_acquire(ptr):
 
 
 @triton.jit
-def _fence_gpu(INTERP: tl.constexpr):
-    if not INTERP:
-        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
-                                  pack=1)
-
-
-@triton.jit
-def _post_logits(tlog, pid, e, lg, rows_r, rmask_r, ecol, emask, E: tl.constexpr, EP2: tl.constexpr,
-                 EPC: tl.constexpr):
-    """(TLG) This CTA's logits [RT, EPCP2] as tagged words (e << 32 | their fp32 bits) at
-    tlog[row][expert], or, from a CTA past the experts, one word e << 32 at tlog[16 x EP2 + pid],
-    each a release after a CTA barrier: a reader that sees e in every word has every CTA's logits
-    and every store a CTA made before them (x, the cleared counters). The grid barrier before the
-    top-k without its arrivals on one word and the logits' read after it."""
-    tl.debug_barrier()
-    e64 = e.to(tl.int64) << 32
-    if pid * EPC < E:
-        word = e64 | (lg.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-        tl.atomic_xchg(tlog + rows_r[:, None] * EP2 + ecol[None, :], word,
-                       mask=rmask_r[:, None] & emask[None, :], sem="release", scope="gpu")
-    else:
-        tl.atomic_xchg(tlog + 16 * EP2 + pid, e64, sem="release", scope="gpu")
-
-
-@triton.jit
-def _late(v, m, e):
-    """How many words under m do not carry the tag e yet."""
-    return tl.sum(tl.where(m & ((v >> 32).to(tl.int32) != e), 1, 0))
-
-
-@triton.jit
-def _wait_logits(tlog, e, rows_r, rmask_r, ecols, evalid, fault, rank, timeout_ns, pid, E: tl.constexpr,
-                 EP2: tl.constexpr, EPC: tl.constexpr, BLOCKS: tl.constexpr, GP2: tl.constexpr,
-                 IS_HIP: tl.constexpr, INTERP: tl.constexpr, CHK: tl.constexpr):
-    """(TLG) Every CTA's words of _post_logits polled until each carries e (bounded as _spin_count:
-    a fault recorded, then passed, as the grid barrier is), then an acquire; the logits [RT, EP2]."""
-    lp = tlog + rows_r[:, None] * EP2 + ecols[None, :]
-    lm = rmask_r[:, None] & evalid[None, :]
-    c = tl.arange(0, GP2)
-    rp = tlog + 16 * EP2 + c
-    rm = (c * EPC >= E) & (c < BLOCKS)
-    v = tl.load(lp, mask=lm, other=0, volatile=True)
-    late = _late(v, lm, e) + _late(tl.load(rp, mask=rm, other=0, volatile=True), rm, e)
-    if late != 0:
-        t0, deadline = _count_deadline(timeout_ns, IS_HIP, INTERP)
-        t = t0
-        n = 0
-        while (late != 0) & (t <= deadline):
-            _backoff(IS_HIP, INTERP)
-            v = tl.load(lp, mask=lm, other=0, volatile=True)
-            late = _late(v, lm, e) + _late(tl.load(rp, mask=rm, other=0, volatile=True), rm, e)
-            n += 1
-            if n % CHK == 0:
-                t = now_u(IS_HIP, INTERP)
-        if late != 0:
-            _record_fault(fault, fault, e, PH_SEAM, rank, 0, t - t0, pid, t, 0, 1, False)
-    _fence_gpu(INTERP)
-    tl.debug_barrier()
-    return (v & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _prefetch_rows(base, ROWS: tl.constexpr, STRIDE: tl.constexpr, NB: tl.constexpr, NPF: tl.constexpr,
                    INTERP: tl.constexpr, IS_HIP: tl.constexpr):
     """(PF) Ask the L2 for NB bytes of each of ROWS rows STRIDE bytes apart from ``base``, as bulk
@@ -812,8 +750,7 @@ def ffn_kernel(
     RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr, PF: tl.constexpr, KROT: tl.constexpr, TLG: tl.constexpr, GP2: tl.constexpr,
-    SC_TLOG: tl.constexpr,
+    SC_INV: tl.constexpr, PF: tl.constexpr, KROT: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -982,16 +919,13 @@ def ffn_kernel(
             hf = fr_res.to(tl.float32) + fr_part.to(tl.float32)  # [RT, HP2], as the chunk's h
             rstd_r = 1.0 / tl.sqrt_rn(tl.sum(hf * hf, axis=1) / H + EPS)  # [RT], the same in every CTA
             dot = tl.sum((hf * fr_pn[None, :])[:, None, :] * fr_rw[None, :, :], axis=2)  # [RT, EPCP2]
-            if (pid * EPC < E) & (TLG == 0):
+            if pid * EPC < E:
                 tl.store(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecol[None, :],
                          dot * rstd_r[:, None], mask=rmask_r[:, None] & emask[None, :])
             if pid < NCH:
                 rstd = tl.sum(tl.where(rows[:, None] == rows_r[None, :], rstd_r[None, :], 0.0), axis=1)  # [SP]
                 _store_x(scratch, offs, m2, h * rstd[:, None] * pn_c[None, :], xsig, S, H, SC_X, F8, INTERP, X8T)
             _clear_sync(scratch, pid, SC_SYNC, SEG, SEGP2, NSYNC)
-            if TLG:  # after every store of this phase: the words release them
-                _post_logits(_as(scratch, SC_TLOG, tl.int64), pid, e, dot * rstd_r[:, None], rows_r, rmask_r, ecol,
-                             emask, E, EP2, EPC)
     if ((STAGE == 0) | (STAGE == 6)) & (FR == 0):
         if STAGE == 6:  # for the staged launch of phase B (the fused launch keeps h in registers)
             tl.store(_as(scratch, SC_H, tl.float32) + offs, h, mask=m2)
@@ -1019,9 +953,8 @@ def ffn_kernel(
                          mask=rmask[:, None] & evalid[None, :])
     if (STAGE == 0) | (STAGE == 6):
         _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
-    if not TLG:  # (TLG: the tagged logits are the barrier, polled in phase C)
-        _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, FR)
-    if (STAGE == 0) & (pid == 0) & (TLG == 0):
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, FR)
+    if (STAGE == 0) & (pid == 0):
         # every CTA read the epoch before barrier 1, so it moves on here (also after a fault);
         # the next launch reads it after the kernel boundary (or gdc_wait): no exit counter
         tl.store(words, e)
@@ -1115,15 +1048,8 @@ def ffn_kernel(
             active = tl.max(selt, axis=0)  # [EP2]
             wtab = _as(scratch, SC_WTAB, tl.float32)
         else:
-            if TLG:
-                lg = _wait_logits(_as(scratch, SC_TLOG, tl.int64), e, rows_r, rmask_r, ecols, evalid, fault, rank,
-                                  timeout_ns, pid, E, EP2, EPC, BLOCKS, GP2, IS_HIP, INTERP, CHK)
-                if (STAGE == 0) & (pid == 0):
-                    # every CTA has posted its words, so it read the epoch: it moves on here
-                    tl.store(words, e)
-            else:
-                lg = tl.load(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecols[None, :],
-                             mask=rmask_r[:, None] & evalid[None, :], other=0.0)
+            lg = tl.load(_as(scratch, SC_LOGIT, tl.float32) + rows_r[:, None] * E + ecols[None, :],
+                         mask=rmask_r[:, None] & evalid[None, :], other=0.0)
             slot = tl.load(slots + rows_r, mask=rmask_r, other=-1)
             if not EWL:
                 bias_e = tl.load(router_bias + ecols, mask=evalid, other=0.0)
@@ -1756,18 +1682,13 @@ def geometry(key) -> dict:
     krot = tune.get("KROT", 0)
     if krot not in (0, 1, 2, 3):
         raise ValueError(f"FFNQ_TRITON_TUNE KROT={krot}: allowed 0 (off), 1 (stage 1), 2 (stage 2) or 3 (both)")
-    # TLG: (FR) the logits posted as tagged words, each a release, and polled before the top-k,
-    # in place of the grid barrier and the logits' read after it (NVIDIA: the fence is sm_90 PTX)
-    tlg = tune.get("TLG", 0)
-    if tlg not in (0, 1):
-        raise ValueError(f"FFNQ_TRITON_TUNE TLG={tlg}: allowed 0 (the grid barrier) or 1 (tagged logits)")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
                  RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
-                 EW=bool(tune.get("EW", int(key.tp == 1))), PF=pf, KROT=krot, TLG=bool(tlg and fr), GP2=_p2(blocks))
+                 EW=bool(tune.get("EW", int(key.tp == 1))), PF=pf, KROT=krot)
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
@@ -1832,8 +1753,6 @@ def scratch_extra(key) -> list:
             out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
         if g["SPS"]:  # each CTA's expert -> slot table (phase C), for phase E
             out.append(("inv", torch.int32, (key.blocks, g["EP2"])))
-    if g["TLG"]:  # tagged logits [16][EP2], then a word per CTA past the experts
-        out.append(("tlog", torch.int64, (16 * g["EP2"] + key.blocks,)))
     return out
 
 
@@ -1847,7 +1766,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_META": "meta",
           "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
           "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
-          "SC_RPART": "rpart", "SC_ACT8": "act8", "SC_ASC": "ascale", "SC_INV": "inv", "SC_TLOG": "tlog"}
+          "SC_RPART": "rpart", "SC_ACT8": "act8", "SC_ASC": "ascale", "SC_INV": "inv"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
         g["NS"] = g["NS2"] = NUM_STAGES_HIP
@@ -1860,7 +1779,6 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         g["PDL"] = g["FENCE"] = False
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
         g["LL"] = False
-        g["TLG"] = False  # (its fence is PTX)
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, P_SEAM_LL=peer["seam_ll"].offset, P_MOE_LL=peer["moe_ll"].offset,
              NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),
