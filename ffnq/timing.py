@@ -3,6 +3,7 @@
     time_steps(fn, steps, barrier=dist_barrier)                 # cpu: wall clock per call
     time_steps(fn, steps, device="cuda:0", graph=True)          # GPU: CUDA-graph replay, events
     time_steps(fn, steps, device="cuda:0", graph=True, burst=200, idle_s=0.25, watch=ClockWatch(dev))
+    t = StepTimer(fn, device="cuda:0", graph=True, fallback=True); t(3); t(steps)   # one capture, timed twice
 
 Budgets are in ms and become step counts (``steps_for``), as triton.testing.do_bench does.
 Ranks must agree on the count: the job takes the max estimate over ranks first.
@@ -32,65 +33,97 @@ def steps_for(estimate_us: float, budget_ms: float, lo: int, hi: int) -> int:
     return max(lo, min(hi, int(budget_ms * 1e3 / max(estimate_us, 1e-3))))
 
 
+class StepTimer:
+    """Times one step any number of times (the bench's estimate, warm-up and samples). On cpu: a
+    barrier (ranks start together), then the wall clock around one call. On cuda with ``graph``:
+    the step is captured into a CUDA graph once, at the first timing (every collective setup must
+    be done before), and each sample is one replay between two events; where the capture fails
+    and ``fallback`` allows, the step is timed eagerly between events instead (``mode`` says
+    which), else the capture's RuntimeError is raised."""
+
+    def __init__(self, fn: Callable[[], object], *, barrier: Callable[[], None] | None = None,
+                 device: torch.device | str = "cpu", graph: bool = False, fallback: bool = False):
+        self.fn, self.barrier, self.dev = fn, barrier, torch.device(device)
+        self.graph, self.fallback = graph and self.dev.type == "cuda", fallback
+        self.mode = "wall-clock" if self.dev.type != "cuda" else "cuda-graph" if self.graph else "cuda-events"
+        self._call = self._stream = self._g = None
+
+    def _ready(self) -> Callable[[], object]:
+        if self._call is None:
+            self._stream = torch.cuda.Stream(self.dev)
+            self._stream.wait_stream(torch.cuda.current_stream(self.dev))
+            with torch.cuda.stream(self._stream):
+                self.fn()  # warm the allocator on the capture stream
+                self._call = self.fn
+                if self.graph:
+                    try:
+                        g = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(g, stream=self._stream):
+                            self.fn()
+                        self._call, self._g = g.replay, g
+                    except RuntimeError as e:
+                        if not self.fallback:
+                            raise
+                        self.mode = f"cuda-events (graph capture failed: {str(e).splitlines()[0][:80]})"
+                        torch.cuda.synchronize(self.dev)
+                        self._stream = torch.cuda.Stream(self.dev)  # not the one the capture left
+        return self._call
+
+    def _wall_us(self) -> float:
+        if self.barrier:
+            self.barrier()
+        t0 = time.perf_counter_ns()
+        self.fn()
+        return (time.perf_counter_ns() - t0) / 1e3
+
+    def __call__(self, steps: int, *, burst: int = 0, idle_s: float = 0.0, watch=None,
+                 warmup: int = 0) -> list[float]:
+        """``steps`` samples (us) after ``warmup`` untimed calls (replays). ``burst``, ``idle_s``,
+        ``watch``: see the module's docstring (idle_s only on a GPU)."""
+        burst = burst if 0 < burst < steps else max(steps, 1)
+        chunks = [min(burst, steps - i) for i in range(0, steps, burst)]
+        watch = watch if watch is not None else nullcontext()
+        if self.dev.type != "cuda":
+            for _ in range(warmup):
+                self._wall_us()
+            out = []
+            for n in chunks:
+                with watch:
+                    out += [self._wall_us() for _ in range(n)]
+            return out
+        call, dev = self._ready(), self.dev
+        ev = []
+        with torch.cuda.stream(self._stream):
+            for _ in range(warmup):
+                call()
+            torch.cuda.synchronize(dev)
+            for n in chunks:
+                if idle_s > 0:
+                    idle(idle_s, dev)
+                    if self.barrier:
+                        self.barrier()
+                    for _ in range(LEAD):
+                        call()
+                pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                         for _ in range(n)]
+                with watch:
+                    for a, b in pairs:
+                        if self.barrier:
+                            self.barrier()
+                        a.record(self._stream)
+                        call()
+                        b.record(self._stream)
+                    torch.cuda.synchronize(dev)
+                ev += pairs
+        return [a.elapsed_time(b) * 1e3 for a, b in ev]
+
+
 def time_steps(fn: Callable[[], object], steps: int, *, barrier: Callable[[], None] | None = None,
                device: torch.device | str = "cpu", graph: bool = False, burst: int = 0, idle_s: float = 0.0,
                watch=None, warmup: int = 0) -> list[float]:
-    """``steps`` samples (us) of ``fn``. On cpu: a barrier (ranks start together), then the wall
-    clock around one call. On cuda with ``graph``: fn is captured once into a CUDA graph (every
-    collective setup must be done before) and each sample is one replay between two events.
-    ``warmup`` untimed calls (replays) come first. ``burst``, ``idle_s``, ``watch``: see the
-    module's docstring (idle_s only on a GPU)."""
-    dev = torch.device(device)
-    burst = burst if 0 < burst < steps else max(steps, 1)
-    chunks = [min(burst, steps - i) for i in range(0, steps, burst)]
-    watch = watch if watch is not None else nullcontext()
-    if dev.type != "cuda":
-        for _ in range(warmup):
-            if barrier:
-                barrier()
-            fn()
-        out = []
-        for n in chunks:
-            with watch:
-                for _ in range(n):
-                    if barrier:
-                        barrier()
-                    t0 = time.perf_counter_ns()
-                    fn()
-                    out.append((time.perf_counter_ns() - t0) / 1e3)
-        return out
-    stream = torch.cuda.Stream(dev)
-    stream.wait_stream(torch.cuda.current_stream(dev))
-    ev = []
-    with torch.cuda.stream(stream):
-        fn()  # warm the allocator on the capture stream
-        call = fn
-        if graph:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=stream):
-                fn()
-            call = g.replay
-        for _ in range(warmup):
-            call()
-        torch.cuda.synchronize(dev)
-        for n in chunks:
-            if idle_s > 0:
-                idle(idle_s, dev)
-                if barrier:
-                    barrier()
-                for _ in range(LEAD):
-                    call()
-            pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-            with watch:
-                for a, b in pairs:
-                    if barrier:
-                        barrier()
-                    a.record(stream)
-                    call()
-                    b.record(stream)
-                torch.cuda.synchronize(dev)
-            ev += pairs
-    return [a.elapsed_time(b) * 1e3 for a, b in ev]
+    """``steps`` samples (us) of ``fn`` from a StepTimer of its own (a capture that fails raises)."""
+    return StepTimer(fn, barrier=barrier, device=device, graph=graph)(steps, burst=burst, idle_s=idle_s,
+                                                                       watch=watch, warmup=warmup)
 
 
 def warm_median_us(fn: Callable[[], object], samples: int, *, warmup_ms: float,

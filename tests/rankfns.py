@@ -175,3 +175,30 @@ def soak_slow_check(rank, world, result_dir, check_s, timeout_s):
         return dict(soak.n)
     finally:
         soak.job.close()
+
+
+def bench_timers(rank, world, result_dir):
+    """A bench of two widths with its StepTimer recorded: how many timers each (width, variant)
+    made and what each was asked (the estimate, then warm-up and samples of the same timer)."""
+    import ffnq.jobs.bench as bench
+    from ffnq.jobs.records import Records
+
+    made = []
+
+    class Recorded(bench.StepTimer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.asked = []
+            made.append(self.asked)
+
+        def __call__(self, steps, **k):
+            self.asked.append((steps, k.get("warmup", 0)))
+            return super().__call__(steps, **k)
+
+    bench.StepTimer = Recorded
+    opts = {"backend": "cpu", "model": "tiny", "experts": "all", "timeout_s": 10.0, "seed": 0, "widths": [1, 2],
+            "layers": 1, "rep_ms": 5.0, "warmup_ms": 1.0, "burst_ms": 0.0, "idle_ms": 0.0, "min_steps": 3,
+            "max_steps": 20, "baseline": True, "phase_split": False, "baselines": []}
+    rec = Records(result_dir, rank)
+    bench.body(opts, rec)
+    return {"made": made, "rows": [r["data"] for r in rec.rows if r["table"] == "latency"]}

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from ffnq.jobs import bench, qualify
-from ffnq.timing import quantiles_us, steps_for, time_steps, warm_median_us
+from ffnq.timing import StepTimer, quantiles_us, steps_for, time_steps, warm_median_us
 from helpers import ffnq, one_report
 
 
@@ -33,24 +33,28 @@ def test_time_steps_warms_up_untimed():
     assert len(s) == 5 and len(calls) == 8
 
 
-def test_bench_estimate_is_timed_as_the_samples(monkeypatch):
-    """The bench sizes its bursts from an estimate taken as the samples are: graph replays on a
-    GPU (an eager Triton step at one token took 2-4x its replay, so bursts were a quarter to half
-    of --burst-ms), eagerly where the step cannot be captured."""
-    asked = []
+def test_step_timer_times_one_step_again_and_again():
+    """One StepTimer serves the bench's estimate and its samples: on cpu each sample is one call,
+    warm-up calls are untimed, and the step is set up once (on a GPU: one capture)."""
+    calls = []
+    t = StepTimer(lambda: calls.append(1))
+    assert t.mode == "wall-clock" and len(t(3)) == 3 and len(calls) == 3
+    s = t(5, warmup=2, burst=2)
+    assert len(s) == 5 and len(calls) == 3 + 2 + 5 and all(x >= 0 for x in s)
 
-    def timed(step, n, *, graph=False, **kw):
-        asked.append(graph)
-        if graph and fail:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        return [30.0, 10.0, 20.0]
 
-    monkeypatch.setattr(bench, "time_steps", timed)
-    fail = False
-    assert bench.estimate_us(lambda: None, True, None, "cuda") == 20.0 and asked == [True]
-    asked.clear()
-    fail = True
-    assert bench.estimate_us(lambda: None, True, None, "cuda") == 20.0 and asked == [True, False]
+def test_bench_estimate_and_samples_share_one_timer(tmp_path):
+    """Each (width, variant) of a bench makes one timer, asks it for the 3-call estimate, then for
+    the warm-up and samples: the step is captured once on a GPU, and the estimate is timed as the
+    samples are (an eager Triton step at one token took 2-4x its replay)."""
+    import rankfns
+    from multirank import run_ranks
+
+    got = run_ranks(rankfns.bench_timers, 1, str(tmp_path), timeout=240)[0]
+    assert len(got["made"]) == 2 * 2  # widths 1 and 2, fused and the unfused baseline
+    for asked in got["made"]:
+        assert asked[0] == (3, 0) and len(asked) == 2 and asked[1][1] >= 1 and 3 <= asked[1][0] <= 20
+    assert {r["check"] for r in got["rows"]} == {"OK"} and {r["timing"] for r in got["rows"]} == {"wall-clock"}
 
 
 def test_qualify_summary_merges_ranks():

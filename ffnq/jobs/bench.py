@@ -1,9 +1,9 @@
 """bench, one rank: per width, check then time the fused step and the unfused baseline.
 
 Each width: fresh inputs, one checked step of each variant against the fp64 reference (a
-variant that is wrong is not timed), an estimate (3 calls timed as the samples will be: graph
-replays on a GPU; max over ranks) that turns the ms budgets into step counts every rank agrees
-on, then ``time_steps``: warm-up and samples, on a GPU in
+variant that is wrong is not timed), an estimate (3 calls of the StepTimer that then takes the
+samples: graph replays on a GPU; max over ranks) that turns the ms budgets into step counts every
+rank agrees on, then warm-up and samples, on a GPU in
 bursts of ``burst_ms`` each after ``idle_ms`` idle, so that no window runs long enough to bring
 the GPU to its power cap (ffnq.gpu_clocks), with the SM clock and the share of time under a cap
 recorded per window. A step is ``layers`` launches, ``final=True`` on the last. One row per
@@ -21,7 +21,7 @@ from ffnq.gpu_clocks import ClockWatch
 from ffnq.jobs.rank import setup
 from ffnq.jobs.records import Records, main, max_over_ranks
 from ffnq.spec import Experts
-from ffnq.timing import quantiles_us, steps_for, time_steps
+from ffnq.timing import StepTimer, quantiles_us, steps_for
 
 CASE = 50_000  # input case ids of bench (qualify uses small ones)
 
@@ -56,17 +56,6 @@ def weight_sets(job) -> list:
         sets.append(shard(full, job.model, job.tp, job.rank, job.experts))
         del full
     return sets
-
-
-def estimate_us(step, graph: bool, barrier, device) -> float:
-    """One call of ``step`` (us, the median of 3) as the samples will take it: as graph replays
-    where they will be replays. An eager call also pays the host's launches (the Triton step at
-    one token 2-4x its replay), which made the bursts a quarter to half of --burst-ms there."""
-    try:
-        est = time_steps(step, 3, barrier=barrier, device=device, graph=graph)
-    except RuntimeError:  # not capturable: timed eagerly below too
-        est = time_steps(step, 3, barrier=barrier, device=device)
-    return sorted(est)[1]
 
 
 def baselines(job, names: list[str], sets: list) -> list[tuple[str, list]]:
@@ -202,21 +191,18 @@ def run(job, opts: dict, rec: Records) -> None:
                 rec.row("latency", row | {"check": "FAIL", "detail": str(fault or c["worst"])})
                 continue
             per = len(sets)
-            est_us = max_over_ranks(estimate_us(step, graph, barrier, job.device) / per)
+            # one timer for the estimate and the samples: the step captured once (eager where
+            # it cannot be), the estimate timed as the samples are (an eager Triton step at one
+            # token takes 2-4x its replay, which made bursts a quarter to half of --burst-ms)
+            timer = StepTimer(step, barrier=barrier, device=job.device, graph=graph, fallback=True)
+            est_us = max_over_ranks(sorted(timer(3))[1] / per)
             n = steps_for(est_us * per, opts["rep_ms"], opts["min_steps"], opts["max_steps"])
             burst_ms, idle_ms = (opts.get("burst_ms", 0.0), opts.get("idle_ms", 0.0)) if graph else (0.0, 0.0)
             burst = steps_for(est_us * per, burst_ms, 1, n) if burst_ms else n
-            timed = dict(barrier=barrier, device=job.device, burst=burst, idle_s=idle_ms / 1e3,
-                         warmup=steps_for(est_us * per, opts["warmup_ms"], 1, opts["max_steps"]),
-                         watch=(watch := ClockWatch(job.device)))
-            mode = "cuda-graph" if graph else "wall-clock"
-            try:
-                samples = time_steps(step, n, graph=graph, **timed)
-            except RuntimeError as e:  # a runner that cannot be captured is still timed, eagerly
-                mode = f"cuda-events (graph capture failed: {str(e).splitlines()[0][:80]})"
-                samples = time_steps(step, n, **timed)
-            samples = [x / per for x in samples]
-            row["timing"] = (mode + (f", {per} weight sets per replay (cold L2)" if per > 1 else "")
+            watch = ClockWatch(job.device)
+            warmup = steps_for(est_us * per, opts["warmup_ms"], 1, opts["max_steps"])
+            samples = [x / per for x in timer(n, burst=burst, idle_s=idle_ms / 1e3, watch=watch, warmup=warmup)]
+            row["timing"] = (timer.mode + (f", {per} weight sets per replay (cold L2)" if per > 1 else "")
                              + (f", bursts of {burst} steps after {idle_ms:g} ms idle" if idle_ms else ""))
             row |= watch.summary()
             if name == "fused" and fused.fault(s):
