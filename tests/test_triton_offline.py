@@ -223,15 +223,16 @@ def test_partial_logits_over_live_rows(monkeypatch):
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 7))["PLR"] == 4
 
 
-def test_stage2_prefetch_key(monkeypatch):
-    """PF (dev round 88, not adopted): off by default; a part of a row that is not 1, 1/2 or 1/4
-    is refused, named (the bulk prefetches need whole 16-byte pieces)."""
+def test_dropped_keys_are_gone_and_a8_is_checked(monkeypatch):
+    """RS, A8=3, PF and KROT were measured and dropped (their code lives in the commits the
+    geometry names): no build carries them, and A8=3 is refused, named."""
     from ffnq.backends.triton import kernel as K
     spec = load_model("minimax-m2")
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))["PF"] == 0
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PF=3")
-    with pytest.raises(ValueError, match="PF=3: allowed 0"):
+    g = K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))
+    assert not {"RS", "PF", "KROT", "TLG"} & set(g) and g["A8"] == 2
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "A8=3")
+    with pytest.raises(ValueError, match="A8=3: allowed 0"):
         K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))
 
 
@@ -469,8 +470,7 @@ def _claims_and_items(r, S: int) -> tuple[int, list]:
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "RS=1,A8=3",
-                                  "A8T=4", "DQ=1", "KROT=3"])
+@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "A8T=4", "DQ=1"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
@@ -478,10 +478,9 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), with the exchanges
     that TP1 skips by default (SOLO=0: they are the identity there, v22), with each stage-2
     item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
-    default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), with
-    both stages' accumulators rescaled in place (RS=1, A8=3), on four act terms (A8T=4),
-    with a CTA's items after its first from one counter (DQ=1, TP1's 4-16 tokens), and with each
-    item's K loop started at a block set by its tile (KROT=3)."""
+    default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), on
+    four act terms (A8T=4), and with a CTA's items after its first from one counter (DQ=1,
+    TP1's 4-16 tokens)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference

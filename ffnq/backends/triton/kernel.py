@@ -230,19 +230,6 @@ def _mma_sc(w, scale, x, acc, INTERP: tl.constexpr, IS_HIP: tl.constexpr, SACC: 
 
 
 @triton.jit
-def _mma_unit(w, x, acc, scale, unit, INTERP: tl.constexpr):
-    """(acc in units of ``scale``, that unit) after acc (in units of ``unit``) + (w * scale) @ x,
-    the fp8 codes as stored: the product accumulates in the MMA's own registers. A zero scale
-    (its codes all zero) keeps the unit."""
-    s = tl.where(scale > 0.0, scale, unit)
-    if INTERP:
-        r = acc * (unit / s) + tl.dot(w.to(tl.float32), x.to(tl.float32))
-    else:
-        r = tl.dot(w, x, acc * (unit / s))
-    return r, s
-
-
-@triton.jit
 def _fp8(v, INTERP: tl.constexpr):
     """fp32 -> fp8 e4m3, round to nearest, saturating. The interpreter (Triton 3.6) gets the
     rounding wrong where it carries into the exponent (126.9 -> 64, -124.4 -> -64): there the
@@ -658,21 +645,6 @@ def _ld_acquire(ptr):
 
 
 @triton.jit
-def _prefetch_rows(base, ROWS: tl.constexpr, STRIDE: tl.constexpr, NB: tl.constexpr, NPF: tl.constexpr,
-                   INTERP: tl.constexpr, IS_HIP: tl.constexpr):
-    """(PF) Ask the L2 for NB bytes of each of ROWS rows STRIDE bytes apart from ``base``, as bulk
-    prefetches (sm_90 TMA: no registers, no shared memory, the bytes need no CTA in flight),
-    NPF of them, one per thread (NB x ROWS / NPF a multiple of 16)."""
-    if not (INTERP or IS_HIP):
-        PPR: tl.constexpr = NPF // ROWS if NPF > ROWS else 1  # pieces per row
-        PB: tl.constexpr = NB // PPR
-        r = tl.arange(0, ROWS * PPR)
-        ptr = base + (r // PPR).to(tl.int64) * STRIDE + (r % PPR) * PB
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;", "=r,l,r",
-                                  [ptr, tl.full((ROWS * PPR,), PB, tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _done_prefix(cnt, sl, m, t_lo, t_hi, KH: tl.constexpr, NHT: tl.constexpr, NSLP2: tl.constexpr,
                  PS: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
     # one acquire read per slot and tile, all in flight together
@@ -747,10 +719,10 @@ def ffn_kernel(
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
-    RS: tl.constexpr, A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
+    A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr, PF: tl.constexpr, KROT: tl.constexpr,
+    SC_INV: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -1111,32 +1083,14 @@ def ffn_kernel(
                 # terms; fp16: hi, lo), one MMA per weight tile and K step; the terms summed at the end
                 acc_g = tl.zeros((BN, NX * SQ), tl.float32)
                 acc_u = tl.zeros((BN, NX * SQ), tl.float32)
-                # RS: each accumulator kept in units of its last block scale, rescaled before each
-                # MMA, which then accumulates in place (no second fp32 product live; as A8 = 3)
-                ug = tl.full((), 1.0, tl.float32)
-                uu = tl.full((), 1.0, tl.float32)
-                # KROT & 1: the item's K steps start at a block set by its tile, so the items that
-                # start together do not read the same column block of their rows (a sum's order
-                # is still fixed by the item alone: deterministic)
-                k1 = (t % (KSTEP // BK)) * BK if KROT % 2 else 0
-                for k00 in tl.range(0, KSTEP, BK, num_stages=NS):
-                    k0 = k00 + k1
-                    if KROT % 2:
-                        k0 = tl.where(k0 >= KSTEP, k0 - KSTEP, k0)
+                for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
                     xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
                     sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
-                    if RS:
-                        acc_g, ug = _mma_unit(wg, xk, acc_g, sg, ug, INTERP)
-                        acc_u, uu = _mma_unit(wu, xk, acc_u, su, uu, INTERP)
-                    else:
-                        acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
-                        acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
-                if RS:
-                    acc_g = acc_g * ug
-                    acc_u = acc_u * uu
+                    acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
+                    acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
                 g = tl.sum(tl.reshape(acc_g * tw[None, :], (BN, NX, SQ)), axis=1)
                 u = tl.sum(tl.reshape(acc_u * tw[None, :], (BN, NX, SQ)), axis=1)
                 last = True
@@ -1168,8 +1122,6 @@ def ffn_kernel(
                             aq = _fp8(ar, INTERP)
                             tl.store(a8 + ((j * A8T + q) * SP + rq[None, :]).to(tl.int64) * I_R, aq)
                             ar = (ar - aq.to(tl.float32)) * 16.0
-                        if A8 == 3:  # an all-zero tile: scale 0, so stage 2 keeps its unit there
-                            amax = tl.where(araw > 0.0, amax, 0.0)
                         tl.store(_as(scratch, SC_ASC, tl.float32) + j * NT + t, amax * (1.0 / 256.0))
                     else:
                         tl.store(act + (j * SP + rq[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
@@ -1225,9 +1177,6 @@ def ffn_kernel(
                     le = (ej - first_expert).to(tl.int64)
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
-                if PF:  # (PF) the item's w2 bytes (1/PF of each row) asked of the L2 before its wait
-                    _prefetch_rows(w2 + le * (H * I_R) + (t * BH) * I_R + kq, BH, I_R, I_R // KH // PF,
-                                   32 * NUM_WARPS_C, INTERP, IS_HIP)
                 # the rows whose partial this item writes: SPS=2 only those routed to expert ej, as
                 # the sum reads no other (loaded here, not beside the store, which would wait for it)
                 if A8:
@@ -1255,27 +1204,13 @@ def ffn_kernel(
                     yt8 = tl.zeros((BH, A8T * SQ2), tl.float32)
                     # A8 = 2: steps of 128 (two stage-1 tiles, an MMA each); A8 = 1: steps of one tile
                     A8K: tl.constexpr = BN if A8 == 1 else 128
-                    # A8 = 3: as 2, the accumulator kept in units of the last product's scale and
-                    # rescaled before each MMA, which then accumulates in place (no second
-                    # [BH, A8T x SQ2] fp32 product live: _mma_unit)
-                    su = tl.full((), 1.0, tl.float32)
-                    # KROT & 2: as stage 1's, by the item's H tile
-                    k2 = (t % (I_R // KH // A8K)) * A8K if KROT // 2 % 2 else 0
-                    for k00 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
-                        k0 = k00 + k2
-                        if KROT // 2 % 2:
-                            k0 = tl.where(k0 >= I_R // KH, k0 - I_R // KH, k0)
+                    for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
                         for q in tl.static_range(A8K // BN):
                             kk = kq + k0 + q * BN
                             av = tl.load(a8 + kk, cache_modifier=".cg")
                             wq = tl.load(wbase + kk + kn[None, :])
                             sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
-                            if A8 == 3:
-                                yt8, su = _mma_unit(wq, av, yt8, sc, su, INTERP)
-                            else:
-                                yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
-                    if A8 == 3:
-                        yt8 = yt8 * su
+                            yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
                     y8 = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
                     tl.store(ypart + ((j * KH + kh) * S + rq2[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
                              y8, mask=ym8[None, :])
@@ -1416,7 +1351,6 @@ MODES = {"all": 0, "local": 1, "none": 2}
 STAGES = (1, 6, 2, 3, 4, 5, 7, 8)  # seam push/publish, seam wait+sum, router, top-k+stage 1, stage 2,
 #                                    sum+reduce push/publish, reduce wait+out (+handshake publish), handshake wait+end
 NUM_WARPS = 4  # warps per CTA, as TritonRunner and offline builds launch it
-NUM_WARPS_C = tl.constexpr(NUM_WARPS)  # the same, for the kernel (PF spreads its prefetches over the threads)
 NUM_STAGES_EXPERTS = 4  # software-pipeline depth of the two expert GEMM loops (bytes in flight per SM)
 NUM_STAGES_HIP = 2
 # The SACC=0 path (FFNQ_TRITON_TUNE="SACC=0") multiplies fp8 codes by (block scale x 2^SCALE_SHIFT)
@@ -1617,13 +1551,6 @@ def geometry(key) -> dict:
     # 48.2 / 80.3 / 139.4 / 197.7 in a round noisy from 8 tokens; at 12 / 16 266.4 / 328.7 against
     # 273.6 / 325.2 (round 53 at 16: 308.7 against 311.0; 12-52 bytes of spills from 9 tokens), so 9-16
     # kept fp16 in v24-v25 (v26: two terms, below). A8=1 (steps of one tile, no spills) was slower at 1-4. NVIDIA fp8 path only (F8)
-    # RS=1 (stage 1) and A8=3 (stage 2): each accumulator kept in units of the last block's scale
-    # and rescaled before the MMA, which accumulates in place: no second fp32 product live (TP1
-    # 164 registers at one token against 234; A8 at 16 tokens 182 with no spills against 255 and
-    # 52 B). Measured, not adopted (dev round 55): 48.2 / 77.6 / 124.7 / 181.3 / 254.5 / 316.1
-    # against 47.6 / 76.8 / 124.2 / 180.9 / 250.5 / 315.2 us at 1 / 2 / 4 / 8 / 12 / 16 tokens,
-    # and max rel_err 0.0030-0.0034 against 0.0017: the fp8 MMA's own accumulator is narrower
-    # than fp32 (why a product per 128-wide K block is summed in fp32 registers)
     # A8T: the act's fp8 terms (4: ~16 bits; 2: ~8, a bf16 act's; 1: one fp8 code per element).
     # v26: two terms at every width, A8 from 9 tokens too (dev round 58, TP1 side by side, p50
     # us): 1 / 4 / 8 / 9 / 12 / 14 / 16 tokens 46.2 / 123.0 / 175.9 / 203.0 / 238.5 / 261.5 /
@@ -1631,6 +1558,9 @@ def geometry(key) -> dict:
     # 9-16: 220.4 / 249.9 / 272.0 / 302.7, with spills); max rel_err over 1-16 tokens 0.00179
     # against 0.00173 (each element keeps its own exponent under the tile's scale)
     a8 = tune.get("A8", 2) if f8 and i_r > 0 and 128 % bn == 0 else 0
+    if a8 not in (0, 1, 2):
+        raise ValueError(f"FFNQ_TRITON_TUNE A8={a8}: allowed 0 (fp16 act), 1 or 2 (fp8 act terms in steps of "
+                         "one stage-1 tile or of 128)")
     a8t = tune.get("A8T", 2)
     if a8t not in (1, 2, 4):
         raise ValueError(f"FFNQ_TRITON_TUNE A8T={a8t}: allowed 1, 2 or 4 fp8 terms")
@@ -1667,28 +1597,19 @@ def geometry(key) -> dict:
     # TP2, not measured (its builds compile with it: no spills), keeps it off
     if sq2 not in (4, 8, 16):
         raise ValueError(f"FFNQ_TRITON_TUNE SQ2={sq2}: allowed 4, 8 or 16 (stage 2's least act token columns)")
-    # PF: each stage-2 item's w2 rows (1/PF of each) asked of the L2 before its wait; measured, not
-    # adopted (dev round 88: PF=1 2-8% slower at TP1, 2 and 4 the same): the bytes moved earlier
-    # are taken from stage 1's tail
-    pf = tune.get("PF", 0)
-    if pf not in (0, 1, 2, 4):
-        raise ValueError(f"FFNQ_TRITON_TUNE PF={pf}: allowed 0 (off), 1, 2 or 4 (the part of each w2 row a "
-                         "stage-2 item prefetches)")
-    # KROT: each item's K loop starts at a block set by its tile (1: stage 1, 2: stage 2, 3: both),
-    # so that the items a round starts together do not all read the same column block. Measured,
-    # not adopted (dev round 102, TP1, p50 us at 1 / 2 / 4 / 16 tokens): KROT=1 46.0 / 70.3 / 118.2 /
-    # 261.1, KROT=3 46.0 / 71.4 / 118.0 / 262.6 against 45.8-45.9 / 69.8-71.0 / 117.5-117.6 /
-    # 259.8-260.6; one token's stage 1 ended 1.3 us later: the items in step were not contending
-    krot = tune.get("KROT", 0)
-    if krot not in (0, 1, 2, 3):
-        raise ValueError(f"FFNQ_TRITON_TUNE KROT={krot}: allowed 0 (off), 1 (stage 1), 2 (stage 2) or 3 (both)")
+    # Measured and dropped, their code in the commits named: RS=1 / A8=3, each accumulator kept in
+    # units of the last block's scale (a9ac92e; dev round 55: 0.2-1.6% slower, rel_err 0.0030-0.0034
+    # against 0.0017); PF, the stage-2 item's w2 rows prefetched to the L2 before its wait (23bca0f;
+    # dev round 88: 2-8% slower); KROT, each item's K loop started at a block set by its tile
+    # (7c88b67; dev round 102: 0.2-2% slower); TLG, the FR barrier as tagged logits (4dd9cee; dev
+    # round 105: 1.2-1.4 us slower at 1-2 tokens)
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
-                 RS=int(f8 and bool(tune.get("RS", 0))), A8T=a8t, DQ=dq,
+                 A8T=a8t, DQ=dq,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
-                 EW=bool(tune.get("EW", int(key.tp == 1))), PF=pf, KROT=krot)
+                 EW=bool(tune.get("EW", int(key.tp == 1))))
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
@@ -1773,7 +1694,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
         # weights (F8 compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
-        g["F8"], g["A8"], g["RS"] = False, 0, 0
+        g["F8"], g["A8"] = False, 0
         g["SQ"] = max(g["SQ"], 8)  # two fp16 x terms: N = 2 x SQ >= 16
     if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
