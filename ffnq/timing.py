@@ -46,7 +46,7 @@ class StepTimer:
         self.fn, self.barrier, self.dev = fn, barrier, torch.device(device)
         self.graph, self.fallback = graph and self.dev.type == "cuda", fallback
         self.mode = "wall-clock" if self.dev.type != "cuda" else "cuda-graph" if self.graph else "cuda-events"
-        self._call = self._stream = self._g = None
+        self._call = self._stream = None
 
     def _ready(self) -> Callable[[], object]:
         if self._call is None:
@@ -60,7 +60,7 @@ class StepTimer:
                         g = torch.cuda.CUDAGraph()
                         with torch.cuda.graph(g, stream=self._stream):
                             self.fn()
-                        self._call, self._g = g.replay, g
+                        self._call = g.replay  # (the bound method keeps the graph alive)
                     except RuntimeError as e:
                         if not self.fallback:
                             raise

@@ -1,15 +1,11 @@
-"""ffnq.timing's StepTimer on a GPU (skipped without CUDA; `python3 tests/test_timing_gpu.py` runs
-it where pytest is not installed, as on the device machines)."""
+"""ffnq.timing's StepTimer on a GPU (skipped without CUDA)."""
+import pytest
 import torch
 
-try:
-    import pytest
-except ImportError:  # the device machines: run as a script
-    pytest = None
-else:
-    pytestmark = pytest.mark.gpu
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from ffnq.timing import StepTimer  # noqa: E402
 
@@ -45,15 +41,6 @@ def test_a_step_that_cannot_be_captured():
     t = StepTimer(step, device=DEV, graph=True, fallback=True)
     s = t(5, warmup=1)
     assert t.mode.startswith("cuda-events (graph capture failed") and len(s) == 5 and all(v > 0 for v in s)
-    try:
+    with pytest.raises(RuntimeError):
         StepTimer(step, device=DEV, graph=True)(1)
-        raised = False
-    except RuntimeError:
-        raised = True
-    assert raised
 
-
-if __name__ == "__main__":
-    for f in (test_one_capture_timed_twice, test_a_step_that_cannot_be_captured):
-        f()
-        print(f"{f.__name__}: ok")

@@ -11,6 +11,8 @@ recorded per window. A step is ``layers`` launches, ``final=True`` on the last. 
 """
 from __future__ import annotations
 
+import statistics
+
 import pandas as pd
 import torch
 
@@ -195,7 +197,7 @@ def run(job, opts: dict, rec: Records) -> None:
             # it cannot be), the estimate timed as the samples are (an eager Triton step at one
             # token takes 2-4x its replay, which made bursts a quarter to half of --burst-ms)
             timer = StepTimer(step, barrier=barrier, device=job.device, graph=graph, fallback=True)
-            est_us = max_over_ranks(sorted(timer(3))[1] / per)
+            est_us = max_over_ranks(statistics.median(timer(3)) / per)
             n = steps_for(est_us * per, opts["rep_ms"], opts["min_steps"], opts["max_steps"])
             burst_ms, idle_ms = (opts.get("burst_ms", 0.0), opts.get("idle_ms", 0.0)) if graph else (0.0, 0.0)
             burst = steps_for(est_us * per, burst_ms, 1, n) if burst_ms else n
