@@ -1,10 +1,10 @@
 #!/bin/bash
 # One kernel-development round: [TP=1] scripts/dev_round.sh VARIANT... (TP 2 by default: 2 GPUs) where a variant is
-# default, 128 or 256, optionally :TUNE (e.g. default 256 128:NS=6,DQ=1; TUNE as FFNQ_TRITON_TUNE, see kernel._tune).
+# default, 128 or 256, optionally :TUNE (e.g. default 256 128:NS=6,DQ=1; TUNE as FFNQ_TRITON_TUNE, see ffnq/backends/triton/tune.py).
 # Per variant: prewarm Triton's cache (parallel CPU compiles), TP minimax-m2 correctness at
 # widths 1..16 + the in-kernel phase profile (scripts/triton_device.py), then `ffnq bench` at
 # widths 1,2,4,8,16 (cold weights, floor and baselines in the same run). FFNQ_TRITON_TUNE (see
-# kernel._tune) passes through. Logs in $OUT/dev.log, bench reports in $OUT/dev-reports.tgz
+# ffnq/backends/triton/tune.py) passes through. Logs in $OUT/dev.log, bench reports in $OUT/dev-reports.tgz
 # (not reports.tgz: gpu_round.sh writes that one, and a call may run both). WIDTHS overrides the
 # bench widths.
 set -o pipefail

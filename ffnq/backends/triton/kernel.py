@@ -75,12 +75,13 @@ publish is in a stage before its wait (1 -> 6, 5 -> 7, 7 -> 8), so several ranks
 can run stage by stage, interleaved (a TP2 check on a CPU).
 """
 import functools
-import os
 import re
 import tomllib
 
 import triton
 import triton.language as tl
+
+from ffnq.backends.triton.tune import read as read_tune
 
 # scratch fault record fields (spec.FAULT_FIELDS)
 F_VALID = tl.constexpr(0)
@@ -1383,7 +1384,7 @@ def check_exact(kernel: str, ttgir: str) -> None:
 def max_scale() -> float | None:
     """The largest block scale the built weight path takes (None: any; the default paths, fp8
     (F8) and SACC, multiply the fp32 product of each K block by its scale)."""
-    t = _tune()
+    t = read_tune()
     return None if t.get("SACC", 1) or t.get("F8", 1) else MAX_SCALE
 ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router", "router_bias", "w13", "s13",
              "w2", "s2", "scratch", "peers", "epoch", "inject", "cfg", "rank", "first_expert")
@@ -1391,17 +1392,6 @@ ARG_NAMES = ("part", "residual", "slots", "out", "res_out", "post_norm", "router
 
 def _p2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def _tune(tokens: int | None = None) -> dict:
-    """Development override of tile choices, e.g. FFNQ_TRITON_TUNE="BN=32,NS=6" (offline
-    prewarm and the runner must see the same value: it is part of the compiled variant).
-    "KEY@w=v" sets KEY for width w only (given ``tokens``), over a plain "KEY=v"."""
-    raw = os.environ.get("FFNQ_TRITON_TUNE", "")
-    t = {k.strip(): int(v) for k, v in (kv.split("=") for kv in raw.split(",") if kv.strip())}
-    if tokens is not None:
-        t.update({k.partition("@")[0]: v for k, v in t.items() if k.partition("@")[2] == str(tokens)})
-    return t
 
 
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
@@ -1450,7 +1440,7 @@ def geometry(key) -> dict:
     epc = -(-E // blocks)
     epcp2 = _p2(epc)
     nslot = min(key.tokens * m.top_k, nloc) if mode != "none" else 0
-    tune = {**measured(m.name, key.tp, key.tokens), **_tune(key.tokens)}
+    tune = {**measured(m.name, key.tp, key.tokens), **read_tune(key.tokens)}
     # stage-1 tile rows: 64 gate + 64 up rows of one expert (the M of an sm_90 warp-group MMA)
     bn = tune.get("BN", 64)
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
@@ -1713,7 +1703,7 @@ def launch_options(cx: dict) -> dict:
     HIP backend knows no launch_pdl, so it is named only where asked for). FFNQ_TRITON_TUNE
     "R1=168": at most 168 registers per thread at width 1 (ptxas's maxnreg, NVIDIA only), so
     that 3 CTAs of 128 threads fit an SM's 64K registers (with a grid of 3 x SMs, "G1=396")."""
-    tune = _tune()
+    tune = read_tune()
     # COOP=0 (development): a plain launch, the grid's residency left to warm's check
     opts = dict(launch_cooperative_grid=bool(tune.get("COOP", 1)), **({"launch_pdl": True} if cx.get("PDL") else {}))
     regs = None if cx.get("IS_HIP") else tune.get(f"R{cx.get('S')}")

@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from ffnq import residency
+from ffnq.backends.triton import tune
 from ffnq.spec import Experts, FfnBuild, ModelSpec, kernel_name, load_model, peer_layout, scratch_layout
 
 TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64)}
@@ -224,6 +225,10 @@ def main(argv=None) -> int:
                     help="SMs/CUs of the device to build for (default: the target's in ffnq.residency); on "
                          "sm_90 also the grid, as a job on that device takes it (2 or 3 x SMs), unless --blocks")
     a = ap.parse_args(argv)
+    try:  # before any build: a bad override would otherwise fail in every compile job
+        tune.read()
+    except ValueError as e:
+        ap.error(str(e))
     from ffnq.launch import parse_widths
     from ffnq.spec import load_model
 

@@ -13,6 +13,7 @@ import weakref
 import torch
 
 from ffnq.backends.triton import kernel as K
+from ffnq.backends.triton import tune
 from ffnq.errors import UsageError
 from ffnq.backends import symm
 from ffnq.runner import PeerBuffer, Runner
@@ -84,13 +85,15 @@ class TritonRunner(Runner):
         # FFNQ_TRITON_TUNE="G1=396": one width's grid, for development (3 CTAs per SM where that
         # build's registers and shared memory allow it; the offline prewarm reads the same keys;
         # the grid barrier takes launches of any grids on one buffer)
-        grid = K._tune().get(f"G{width}")
+        over = tune.read(width)
+        grid = over.get(f"G{width}")
         if grid:
             return grid
         hip = torch.version.hip is not None if hip is None else hip
         if model is None or hip or not cls.MEASURED_GRID:
             return cls.BLOCKS
-        return cls.BLOCKS // cls.CTAS_PER_SM * K.measured(model.name, tp, width).get("CPS", cls.CTAS_PER_SM)
+        cps = over.get("CPS", K.measured(model.name, tp, width).get("CPS", cls.CTAS_PER_SM))
+        return cls.BLOCKS // cls.CTAS_PER_SM * cps
 
     @classmethod
     def with_grid(cls, blocks: int | None) -> type[TritonRunner]:
@@ -104,9 +107,10 @@ class TritonRunner(Runner):
 
     @classmethod
     def flag_blocks(cls) -> int:
-        grids = [v for k, v in K._tune().items() if k[:1] == "G" and k[1:].isdigit()]
+        grids = [v for k, v in tune.read().items() if k[:1] == "G" and k[1:].isdigit()]
         if cls.MEASURED_GRID:
-            grids.append(cls.BLOCKS // cls.CTAS_PER_SM * K.most_measured("CPS", cls.CTAS_PER_SM))
+            cps = max([K.most_measured("CPS", cls.CTAS_PER_SM), *tune.values("CPS")])
+            grids.append(cls.BLOCKS // cls.CTAS_PER_SM * cps)
         return max([cls.BLOCKS, *grids])
 
     @classmethod

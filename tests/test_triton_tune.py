@@ -1,0 +1,67 @@
+"""FFNQ_TRITON_TUNE is parsed once, per width, and a key no build reads is refused, named."""
+import re
+from pathlib import Path
+
+import pytest
+
+from ffnq.backends.triton import tune
+from helpers import ffnq
+
+
+def test_plain_keys_and_one_widths_keys_over_them():
+    raw = "KS@1=2, BH@3=64,BH=128,KS@11=3,G1=396,R1=168"
+    assert tune.parse(raw) == {"KS@1": 2, "BH@3": 64, "BH": 128, "KS@11": 3, "G1": 396, "R1": 168}
+    assert tune.parse(raw, 3)["BH"] == 64 and tune.parse(raw, 2)["BH"] == 128
+    assert tune.parse(raw, 11)["KS"] == 3 and "KS" not in tune.parse(raw, 2)
+    assert tune.parse("") == {} and tune.parse(" , ") == {}
+
+
+@pytest.mark.parametrize("raw, named", [
+    ("KROT=1", "key 'KROT': no build reads it"),  # a key whose code was dropped (7c88b67)
+    ("BN=32,NSS=5,TLG=1", "key 'TLG'"),
+    ("bn=32", "entry 'bn=32'"),
+    ("BN", "entry 'BN'"),
+    ("BN=3.5", "entry 'BN=3.5'"),
+    ("BN@x=2", "entry 'BN@x=2'"),
+    ("G0=132", "key 'G0'"),
+])
+def test_a_bad_entry_is_refused_named(raw, named):
+    with pytest.raises(ValueError, match=re.escape(f"FFNQ_TRITON_TUNE {named}")):
+        tune.parse(raw)
+
+
+def test_the_keys_are_the_ones_the_builds_read():
+    """KEYS against the source's reads: a key added to the kernel without KEYS would be refused,
+    and a key left in KEYS after its code is dropped would be silently ignored."""
+    pytest.importorskip("triton")
+    from ffnq.backends.triton import kernel as K
+
+    src = Path(K.__file__).parent
+    read = set(re.findall(r'\btune\.get\("([A-Z0-9]+)"', (src / "kernel.py").read_text()))
+    read |= set(re.findall(r'\bover\.get\("([A-Z0-9]+)"', (src / "runner.py").read_text()))
+    assert read == tune.KEYS
+    assert K.MEASURED_KEYS <= tune.KEYS
+
+
+def test_cps_sets_a_widths_grid_and_the_flags_hold_it(monkeypatch):
+    """CPS@1=3 takes 3 x SMs at one token (as configs/triton-measured.toml's CPS does), and the
+    peer buffer's flags are sized for that grid."""
+    pytest.importorskip("triton")
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.spec import load_model
+
+    spec = load_model("minimax-m2")
+    r = TritonRunner.for_sms(100)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "CPS@5=3")
+    assert [r.blocks_for(w, spec, 2) for w in (4, 5, 6)] == [200, 300, 200]
+    assert r.flag_blocks() >= 300
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "CPS=1,G6=150")
+    assert [r.blocks_for(w, spec, 2) for w in (5, 6)] == [100, 150]
+
+
+def test_the_command_refuses_a_bad_override_before_any_rank(tmp_path):
+    pytest.importorskip("triton")
+    r = ffnq("bench", "--backend", "triton", "--out", tmp_path / "reports", env={"FFNQ_TRITON_TUNE": "KROT=1"})
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "FFNQ_TRITON_TUNE key 'KROT'" in r.stderr
+    assert not (tmp_path / "reports").exists()
