@@ -9,7 +9,9 @@ each stage is a single wave whose ramp and tail are a large part of it. The whol
 (scripts/read_pattern.py). This probe times the wave alone, shaped as the kernel's: the weights
 as pointer loads (what the kernel does: cp.async pipelined by Triton) against TMA loads from a
 host tensor descriptor, at 3 and 4 pipeline stages, one item per CTA ("wave", 8 experts) and
-several items per CTA ("steady", every weight set in one launch). Each launch reads a weight set
+several items per CTA ("steady", every weight set in one launch); and both stages' waves as one
+sequence with no wait between them ("both": each CTA's stage-1 item, then a stage-2 item), the
+most a schedule that overlaps the two stages could reach. Each launch reads a weight set
 the L2 does not hold (``--sets`` sets, replayed in turn in one CUDA graph); each variant's item
 sums are checked against torch before it is timed.
 """
@@ -27,41 +29,62 @@ H, I, TOPK = 3072, 1536, 8
 
 
 @triton.jit
-def expert_items(w, wd, s, x, out, n_items, NT: tl.constexpr, KS: tl.constexpr, K: tl.constexpr,
-                 ROWS: tl.constexpr, BN: tl.constexpr, N: tl.constexpr, GU: tl.constexpr, TMA: tl.constexpr,
-                 NS: tl.constexpr):
+def _item(w, wd, s, x, out, it, NT: tl.constexpr, KS: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr,
+          BN: tl.constexpr, N: tl.constexpr, GU: tl.constexpr, TMA: tl.constexpr, NS: tl.constexpr):
     # item = (expert e, row tile t, K part p); a K step of 128 is one scale block: one MMA per tile
-    pid, nprog = tl.program_id(0), tl.num_programs(0)
     nn = tl.arange(0, BN)
     kc = tl.arange(0, 128)
     cc = tl.arange(0, N)
     KP: tl.constexpr = K // KS
+    e = it // (NT * KS)
+    t = (it // KS) % NT
+    p = it % KS
+    row = e * ROWS + t * BN
+    kb = p * KP
+    sb = s + (e * (ROWS // BN) + t) * (K // 128) + kb // 128
+    wb = w + row.to(tl.int64) * K + kb
+    xb = x + kb
+    acc = tl.zeros((BN, N), tl.float32)
+    for k0 in tl.range(0, KP, 128, num_stages=NS):  # (from 0, as the kernel: Triton pipelines it)
+        xk = tl.load(xb + cc[None, :] * K + (k0 + kc)[:, None])  # K-major, as the kernel stores x
+        if TMA:
+            wg = wd.load([row, kb + k0])
+        else:
+            wg = tl.load(wb + nn[:, None] * K + k0 + kc[None, :])
+        acc += tl.dot(wg, xk) * tl.load(sb + k0 // 128)
+        if GU:
+            if TMA:
+                wu = wd.load([row + ROWS // 2, kb + k0])
+            else:
+                wu = tl.load(wb + (ROWS // 2 + nn)[:, None] * K + k0 + kc[None, :])
+            acc += tl.dot(wu, xk) * tl.load(sb + (NT * (K // 128)) + k0 // 128)
+    tl.store(out + it * (BN * N) + nn[:, None] * N + cc[None, :], acc)
+
+
+@triton.jit
+def expert_items(w, wd, s, x, out, n_items, NT: tl.constexpr, KS: tl.constexpr, K: tl.constexpr,
+                 ROWS: tl.constexpr, BN: tl.constexpr, N: tl.constexpr, GU: tl.constexpr, TMA: tl.constexpr,
+                 NS: tl.constexpr):
+    pid, nprog = tl.program_id(0), tl.num_programs(0)
     it = pid
     while it < n_items:
-        e = it // (NT * KS)
-        t = (it // KS) % NT
-        p = it % KS
-        row = e * ROWS + t * BN
-        sb = s + (e * (ROWS // BN) + t) * (K // 128)
-        acc = tl.zeros((BN, N), tl.float32)
-        kb = p * KP
-        wb = w + row.to(tl.int64) * K + kb
-        xb = x + kb
-        sb += kb // 128
-        for k0 in tl.range(0, KP, 128, num_stages=NS):  # (from 0, as the kernel: Triton pipelines it)
-            xk = tl.load(xb + cc[None, :] * K + (k0 + kc)[:, None])  # K-major, as the kernel stores x
-            if TMA:
-                wg = wd.load([row, kb + k0])
-            else:
-                wg = tl.load(wb + nn[:, None] * K + k0 + kc[None, :])
-            acc += tl.dot(wg, xk) * tl.load(sb + k0 // 128)
-            if GU:
-                if TMA:
-                    wu = wd.load([row + ROWS // 2, kb + k0])
-                else:
-                    wu = tl.load(wb + (ROWS // 2 + nn)[:, None] * K + k0 + kc[None, :])
-                acc += tl.dot(wu, xk) * tl.load(sb + (NT * (K // 128)) + k0 // 128)
-        tl.store(out + it * (BN * N) + nn[:, None] * N + cc[None, :], acc)
+        _item(w, wd, s, x, out, it, NT, KS, K, ROWS, BN, N, GU, TMA, NS)
+        it += nprog
+
+
+@triton.jit
+def both_stages(w1, wd1, s1, x1, out1, n1, w2, wd2, s2, x2, out2, n2, NT1: tl.constexpr, KS1: tl.constexpr,
+                K1: tl.constexpr, NT2: tl.constexpr, K2: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+                N: tl.constexpr, TMA: tl.constexpr, NS: tl.constexpr):
+    # stage 1's items then stage 2's in one sequence, with no wait between them: the bound of
+    # any schedule that overlaps the two stages (the kernel's stage-2 item waits for its expert)
+    pid, nprog = tl.program_id(0), tl.num_programs(0)
+    it = pid
+    while it < n1 + n2:
+        if it < n1:
+            _item(w1, wd1, s1, x1, out1, it, NT1, KS1, K1, ROWS, BN, N, True, TMA, NS)
+        else:
+            _item(w2, wd2, s2, x2, out2, it - n1, NT2, 1, K2, ROWS, BN, N, False, TMA, NS)
         it += nprog
 
 
@@ -75,6 +98,24 @@ def want(wset: torch.Tensor, sc: torch.Tensor, xt: torch.Tensor, nt: int, ks: in
     return per.reshape(-1, bn, n)
 
 
+def _timed(label: str, run, checks, nbytes: int, reps: int, dev, per: int) -> float | None:
+    """Check ``run``'s items against torch (``checks``: (out, want) pairs), then its median
+    replay time over ``per`` launches; None (printed WRONG) where a check fails."""
+    for o, _ in checks:
+        o.fill_(float("nan"))
+    ck = run()
+    torch.cuda.synchronize()
+    err = max(((o - r).abs().max() / r.abs().max()).item() for o, r in checks)
+    label = f"{label} ({ck.n_regs} regs, {ck.metadata.shared // 1024} KB smem)"
+    if not err < 1e-2:
+        print(f"{label}: WRONG (rel err {err:.3g}), not timed", flush=True)
+        return None
+    us = warm_median_us(run, reps, warmup_ms=200, device=dev, graph=True) / per
+    print(f"{label}: {nbytes / 2**20:.1f} MB in {us:.1f} us = {nbytes / us / 1e6:.3f} TB/s (rel err {err:.1e})",
+          flush=True)
+    return us
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
@@ -84,23 +125,24 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     grid = 3 * sms
     torch.manual_seed(0)
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
-    print(f"{torch.cuda.get_device_name(dev)}: {sms} SMs, grid {grid}", flush=True)
+    print(f"{torch.cuda.get_device_name(dev)}: {sms} SMs, grid {grid} (3 CTAs of 4 warps per SM)", flush=True)
     print(f"floor read kernel: {floor.hbm_read_gbps(dev) / 1e3:.3f} TB/s", flush=True)
     f8, N, BN = torch.float8_e4m3fn, 16, 64
-    # (stage, rows per expert, K, gate+up, K parts): one token's items, 384 of each stage
-    for stage, rows, K, gu, ks in (("stage 1", 2 * I, H, True, 2), ("stage 2", H, I, False, 1)):
+    # one token's items, 384 of each stage: (rows per expert, K, gate+up, K parts)
+    shapes = {"stage 1": (2 * I, H, True, 2), "stage 2": (H, I, False, 1)}
+    data = {}
+    for stage, (rows, K, gu, ks) in shapes.items():
         nt = rows // BN // (2 if gu else 1)
         sets = [((torch.randn(TOPK, rows, K, device=dev) * 0.5).to(f8),
                  torch.rand(TOPK, rows // BN, K // 128, device=dev) + 0.5) for _ in range(a.sets)]
         xt = torch.randn(N, K, device=dev).to(f8)
+        data[stage] = (sets, xt, nt)
         per_set = TOPK * nt * ks
-        allw = torch.cat([w for w, _ in sets])  # "steady": every set's experts in one launch
-        alls = torch.cat([s for _, s in sets])
-        for mode in ("wave", "steady"):
-            groups = [(w, s) for w, s in sets] if mode == "wave" else [(allw, alls)]
-            n_items = per_set if mode == "wave" else per_set * a.sets
+        for mode in ("wave", "steady"):  # steady: every set's experts in one launch
+            groups = sets if mode == "wave" else [(torch.cat([w for w, _ in sets]), torch.cat([s for _, s in sets]))]
+            n_items = per_set * (1 if mode == "wave" else a.sets)
             outs = [torch.empty(n_items, BN, N, device=dev) for _ in groups]
+            checks = [(outs[0], want(*groups[0], xt, nt, ks, BN, gu))]
             for tma in (False, True):
                 for ns in (3, 4):
                     descs = [TensorDescriptor.from_tensor(w.view(-1, K), [BN, 128]) for w, _ in groups]
@@ -111,23 +153,30 @@ def main() -> None:
                             k = expert_items[(grid,)](w, d, s, xt, o, n_items, **args, num_warps=4)
                         return k
 
-                    for o in outs:
-                        o.fill_(float("nan"))
-                    ck = run()
-                    torch.cuda.synchronize()
-                    ref = want(*groups[0], xt, nt, ks, BN, gu)
-                    err = ((outs[0] - ref).abs().max() / ref.abs().max()).item()
-                    label = (f"{stage} {mode:6s} {'tma' if tma else 'ptr'} NS={ns} ({ck.n_regs} regs, "
-                             f"{ck.metadata.shared // 1024} KB smem)")
-                    if not err < 1e-2:
-                        print(f"{label}: WRONG (rel err {err:.3g}), not timed", flush=True)
-                        continue
-                    us = warm_median_us(run, a.reps, warmup_ms=200, device=dev, graph=True) / len(groups)
-                    nbytes = groups[0][0].numel()
-                    print(f"{label}: {n_items} items of {nbytes // n_items // 1024} KB over {grid} CTAs, "
-                          f"{nbytes / 2**20:.1f} MB in {us:.1f} us = {nbytes / us / 1e6:.3f} TB/s "
-                          f"(rel err {err:.1e})", flush=True)
-        del sets, allw, alls
+                    _timed(f"{stage} {mode:6s} {'tma' if tma else 'ptr'} NS={ns}: {n_items} items of "
+                           f"{groups[0][0].numel() // n_items // 1024} KB", run, checks, groups[0][0].numel(),
+                           a.reps, dev, len(groups))
+            del groups, outs, checks
+    # both stages' waves as one sequence with no wait between them (each CTA's stage-1 item, then
+    # a stage-2 item): what a schedule overlapping the stages could reach at most
+    (sets1, x1, nt1), (sets2, x2, nt2) = data["stage 1"], data["stage 2"]
+    n1, n2 = TOPK * nt1 * 2, TOPK * nt2
+    outs = [(torch.empty(n1, BN, N, device=dev), torch.empty(n2, BN, N, device=dev)) for _ in sets1]
+    checks = [(outs[0][0], want(*sets1[0], x1, nt1, 2, BN, True)), (outs[0][1], want(*sets2[0], x2, nt2, 1, BN, False))]
+    for tma in (False, True):
+        d1 = [TensorDescriptor.from_tensor(w.view(-1, H), [BN, 128]) for w, _ in sets1]
+        d2 = [TensorDescriptor.from_tensor(w.view(-1, I), [BN, 128]) for w, _ in sets2]
+        args = dict(NT1=nt1, KS1=2, K1=H, NT2=nt2, K2=I, ROWS=2 * I, BN=BN, N=N, TMA=tma, NS=3)
+        assert 2 * I == H  # one ROWS for both: w13 has 2 I rows, w2 H
+
+        def run():
+            for i, ((w1, s1), (w2, s2)) in enumerate(zip(sets1, sets2)):
+                k = both_stages[(grid,)](w1, d1[i], s1, x1, outs[i][0], n1, w2, d2[i], s2, x2, outs[i][1], n2,
+                                         **args, num_warps=4)
+            return k
+
+        _timed(f"both   wave   {'tma' if tma else 'ptr'} NS=3: {n1} + {n2} items", run, checks,
+               sets1[0][0].numel() + sets2[0][0].numel(), a.reps, dev, len(sets1))
 
 
 if __name__ == "__main__":
