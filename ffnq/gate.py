@@ -22,7 +22,8 @@ A config (configs/gates/*.toml):
     qualify = "reports/...-qualify-triton-tp2"
 
 Exit 0 every check passed, 1 a check failed, 2 the gate could not run (config missing or
-malformed, bad options, a job that died or passed its deadline). Each job writes its own report;
+malformed, bad options, a threshold that would judge nothing, a job that died or passed its
+deadline). Each job writes its own report;
 the gate's folder holds junit.xml, summary.md, results.csv/json (one row per check).
 """
 from __future__ import annotations
@@ -36,11 +37,13 @@ import pandas as pd
 from ffnq.errors import UsageError
 
 VERBS = ("warm", "qualify", "bench")
+SECTIONS = {"name", "options", "job", "thresholds", "compare"}
 OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout", "seed", "inject_rank", "layers",
                "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint"}
 THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
               "speedup_stock_nccl_min", "speedup_stock_symm_min",
               "max_slower_pct", "no_new_fail"}
+SWITCHES = {"resident": "warm", "qualify_all_pass": "qualify", "no_new_fail": None}  # true / false
 
 
 def load_gate(path: str | Path) -> dict:
@@ -52,6 +55,10 @@ def load_gate(path: str | Path) -> dict:
         cfg = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"gate config {p}: malformed TOML ({e})") from None
+    bad = set(cfg) - SECTIONS
+    if bad:  # a misspelt section ([threshold]) would leave its checks out without a word
+        raise UsageError(f"gate config {p}: unknown key(s) or section(s) {', '.join(sorted(bad))}; allowed "
+                         f"{', '.join(sorted(SECTIONS))}")
     norm = lambda d: {k.replace("-", "_"): v for k, v in d.items()}  # noqa: E731
     base = norm(cfg.get("options", {}))
     jobs = cfg.get("job", [])
@@ -81,7 +88,51 @@ def load_gate(path: str | Path) -> dict:
             raise UsageError(f"gate config {p}: [compare] {verb} = {rel!r}: need a job name ({', '.join(VERBS)}) "
                              f"and a report folder with results.json")
         cmp[verb] = str(path)
+    _check_thresholds(p, th, out, cmp)
     return {"name": cfg.get("name", p.stem), "path": str(p), "jobs": out, "thresholds": th, "compare": cmp}
+
+
+def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: dict) -> None:
+    """Refuse, before any job runs, a threshold that would judge nothing: of the wrong type, for
+    a job (or a [compare] base) the config does not have, or a p50 budget for a width no bench
+    job runs; and a config with no threshold on."""
+    from ffnq.launch import parse_widths
+    from ffnq.spec import load_model
+
+    verbs = {v for v, _ in jobs}
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+
+    def need(key: str, verb: str, what: str = "job") -> None:
+        if verb not in (verbs if what == "job" else cmp):
+            raise UsageError(f"gate config {p}: threshold {key} judges the {verb} {what}, which this config "
+                             f"does not have" + ("" if what == "job" else f" ([compare] {verb} = a report folder)"))
+
+    for key, v in th.items():
+        if key in SWITCHES:
+            if not isinstance(v, bool):
+                raise UsageError(f"gate config {p}: threshold {key} = {v!r}: allowed true or false")
+            if v and SWITCHES[key]:
+                need(key, SWITCHES[key])
+        elif key == "p50_us_max" and isinstance(v, dict):
+            ran = {w for verb, o in jobs if verb == "bench"
+                   for w in parse_widths(str(o.get("widths", "all")), load_model(o.get("model", "tiny")).max_tokens)}
+            for w, us in v.items():
+                if not (str(w).isdigit() and int(w) in ran) or not num(us):
+                    raise UsageError(f"gate config {p}: p50_us_max {{ {w!r} = {us!r} }}: need a width a bench job "
+                                     f"runs ({', '.join(map(str, sorted(ran))) or 'none'}) = a number of us")
+        elif not num(v):
+            raise UsageError(f"gate config {p}: threshold {key} = {v!r}: need a number")
+        if key not in SWITCHES:
+            need(key, "bench")
+        if key == "max_slower_pct":
+            need(key, "bench", "[compare] base")
+    if th.get("no_new_fail") and not ({"qualify", "warm"} & set(cmp)):
+        raise UsageError(f"gate config {p}: threshold no_new_fail needs a [compare] qualify or warm base")
+    for verb in cmp:
+        if verb not in verbs:
+            raise UsageError(f"gate config {p}: [compare] {verb}: this config has no {verb} job to compare")
+    if not any(v is not False for v in th.values()):
+        raise UsageError(f"gate config {p}: no threshold is on; allowed {', '.join(sorted(THRESHOLDS))}")
 
 
 def relative_checks(verb: str, base_path: str, new_path: str, th: dict) -> list[dict]:

@@ -50,6 +50,18 @@ def test_cpu_gate_options_validate():
     ("name = ", "malformed TOML"), ("name = 'x'", "at least one"), ("[[job]]\nverb = 'fly'", "verb 'fly'"),
     ("[[job]]\nverb = 'bench'\ncolour = 1", "unknown option"),
     ("[[job]]\nverb = 'bench'\n[thresholds]\nfast = true", "unknown threshold"),
+    # a misspelt section, or a threshold that would judge nothing, is refused before any job runs
+    ("[[job]]\nverb = 'bench'\n[threshold]\np50_us_max = 9", r"unknown key\(s\) or section\(s\) threshold;"),
+    ("[[job]]\nverb = 'bench'\n[thresholds]\nqualify_all_pass = true", "qualify_all_pass judges the qualify job"),
+    ("[[job]]\nverb = 'bench'\n[thresholds]\nresident = 'yes'", "resident = 'yes': allowed true or false"),
+    ("[[job]]\nverb = 'bench'\n[thresholds]\np50_us_max = '9'", "p50_us_max = '9': need a number"),
+    ("[[job]]\nverb = 'bench'\nwidths = '1,16'\n[thresholds]\np50_us_max = { '1' = 9, '8' = 9 }",
+     r"p50_us_max \{ '8' = 9 \}: need a width a bench job runs \(1, 16\)"),
+    ("[[job]]\nverb = 'qualify'\n[thresholds]\nspeedup_unfused_min = 1.0", "judges the bench job"),
+    ("[[job]]\nverb = 'bench'\n[thresholds]\nmax_slower_pct = 5", r"\[compare\] bench = a report folder"),
+    ("[[job]]\nverb = 'qualify'\n[thresholds]\nno_new_fail = true", "needs a \\[compare\\] qualify or warm"),
+    ("[[job]]\nverb = 'bench'\n[thresholds]\nresident = false", "no threshold is on"),
+    ("[[job]]\nverb = 'bench'", "no threshold is on"),
 ])
 def test_bad_configs_refused(tmp_path, text, match):
     f = tmp_path / "g.toml"
@@ -58,6 +70,16 @@ def test_bad_configs_refused(tmp_path, text, match):
         load_gate(f)
     with pytest.raises(UsageError, match="no such file"):
         load_gate(tmp_path / "missing.toml")
+
+
+def test_a_compare_base_without_its_job_is_refused(tmp_path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "results.json").write_text("{}")
+    f = tmp_path / "g.toml"
+    f.write_text(f"[[job]]\nverb = 'qualify'\n[thresholds]\nqualify_all_pass = true\n"
+                 f"[compare]\nbench = '{tmp_path / 'base'}'\n")
+    with pytest.raises(UsageError, match=r"\[compare\] bench: this config has no bench job"):
+        load_gate(f)
 
 
 def test_checks_judge_each_threshold():
@@ -86,7 +108,9 @@ def test_gate_passes_then_fails_on_an_impossible_threshold(tmp_path):
     assert ET.parse(g / "junit.xml").getroot().get("failures") == "0"
     assert one_report(tmp_path / "ok", "qualify") and one_report(tmp_path / "ok", "bench")
 
-    cfg.write_text(SMALL.replace("{P50}", "0.001").replace('verb = "qualify"', 'verb = "bench"'))
+    # (both jobs benches, so qualify_all_pass would judge nothing: a config error of its own)
+    cfg.write_text(SMALL.replace("{P50}", "0.001").replace('verb = "qualify"', 'verb = "bench"')
+                   .replace("qualify_all_pass = true\n", ""))
     r = ffnq("gate", cfg, "--out", tmp_path / "bad")
     assert r.returncode == 1, r.stdout + r.stderr
     junit_xml = ET.parse(one_report(tmp_path / "bad", "gate") / "junit.xml").getroot()
