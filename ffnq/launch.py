@@ -190,11 +190,13 @@ def validate(opts: JobOptions) -> JobOptions:
     if opts.backend not in BACKENDS and ":" not in opts.backend:
         raise UsageError(f"--backend {opts.backend!r}: allowed auto, {', '.join(BACKENDS)} "
                          f"(or --runner package.module:Class)")
-    if opts.backend == "triton":  # a bad development override fails here, not in every rank's build
+    if opts.backend == "triton":  # a bad override or measured table fails here, not in every rank's build
+        from ffnq.backends.triton.kernel import measured_table
         from ffnq.backends.triton.tune import read as read_tune
 
         try:
             read_tune()
+            measured_table()
         except ValueError as e:
             raise UsageError(str(e)) from None
     per_node = opts.tp // opts.nnodes

@@ -119,7 +119,7 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert (ns[1, 4]["SQ"], ns[1, 7]["X8T"], ns[2, 7]["X8T"], n[2, 7]) == (8, 2, 4, 32)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["KS"] == 1
-    monkeypatch.setattr(K, "_measured_table", lambda: {"tiny": {"tp1": {"w1": {"LL": 0}}}})
+    monkeypatch.setattr(K, "measured_table", lambda: {"tiny": {"tp1": {"w1": {"LL": 0}}}})
     with pytest.raises(ValueError, match=r"\['LL'\] are not build choices"):
         K.measured("tiny", 1, 1)
     # a key for one width only ("KEY@w"), over the plain key at that width

@@ -65,3 +65,20 @@ def test_the_command_refuses_a_bad_override_before_any_rank(tmp_path):
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "FFNQ_TRITON_TUNE key 'KROT'" in r.stderr
     assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("table, named", [
+    ({"minimax-m3": {"tp1": {"w1": {}}}}, r"\[minimax-m3\]: model 'minimax-m3'"),
+    ({"minimax-m2": {"tp 1": {"w1": {}}}}, r"\[minimax-m2.tp 1\]"),
+    ({"minimax-m2": {"tp1": {"w17": {}}}}, r"\[minimax-m2.tp1.w17\]: need .* width 1..16"),
+    ({"minimax-m2": {"tp1": {"KS": 2}}}, r"\[minimax-m2.tp1.KS\]"),
+])
+def test_a_misspelt_measured_row_is_refused_named(table, named):
+    """configs/triton-measured.toml: a row no build would look up is an error, not a no-op."""
+    pytest.importorskip("triton")
+    from ffnq.backends.triton import kernel as K
+
+    with pytest.raises(ValueError, match=named):
+        K.check_measured(table)
+    K.measured_table.cache_clear()
+    assert K.check_measured(K.measured_table())  # the shipped table

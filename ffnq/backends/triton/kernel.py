@@ -1401,16 +1401,37 @@ MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "JB", "KS", "KSFIX", "NS", "
 
 
 @functools.cache
-def _measured_table() -> dict:
+def measured_table() -> dict:
     from ffnq.spec import CONFIGS
     path = CONFIGS / "triton-measured.toml"
-    return tomllib.loads(path.read_text()) if path.is_file() else {}
+    return check_measured(tomllib.loads(path.read_text())) if path.is_file() else {}
+
+
+def check_measured(table: dict) -> dict:
+    """``table`` if every row is [model.tp<N>.w<width>] of a shipped model and one of its widths
+    (a misspelt row would be looked up by no build); ValueError naming the first that is not.
+    Its keys are checked where a row is read (measured)."""
+    from ffnq.errors import UsageError
+    from ffnq.spec import load_model
+    for model, tps in table.items():
+        try:
+            spec = load_model(model)
+        except UsageError as e:
+            raise ValueError(f"configs/triton-measured.toml [{model}]: {e}") from None
+        for tp, rows in tps.items():
+            ok_tp = re.fullmatch(r"tp[1-9]\d*", tp) and isinstance(rows, dict)
+            for w in rows if ok_tp else [None]:
+                n = re.fullmatch(r"w([1-9]\d*)", w or "")
+                if not ok_tp or not n or int(n[1]) > spec.max_tokens or not isinstance(rows[w], dict):
+                    raise ValueError(f"configs/triton-measured.toml [{model}.{tp}{f'.{w}' if w else ''}]: need "
+                                     f"[{model}.tp<N>.w<width>] tables, width 1..{spec.max_tokens}")
+    return table
 
 
 def measured(model: str, tp: int, tokens: int) -> dict:
     """The choices measured faster than the geometry's model for one width
     (configs/triton-measured.toml; FFNQ_TRITON_TUNE overrides them)."""
-    row = _measured_table().get(model, {}).get(f"tp{tp}", {}).get(f"w{tokens}", {})
+    row = measured_table().get(model, {}).get(f"tp{tp}", {}).get(f"w{tokens}", {})
     bad = sorted(set(row) - MEASURED_KEYS)
     if bad:
         raise ValueError(f"configs/triton-measured.toml [{model}.tp{tp}.w{tokens}]: keys {bad} are not "
@@ -1421,7 +1442,7 @@ def measured(model: str, tp: int, tokens: int) -> dict:
 def most_measured(name: str, default: int) -> int:
     """The largest value of a key over every row of configs/triton-measured.toml (the peer
     buffer's flags are sized for the largest grid of any model, TP and width)."""
-    rows = (w for m in _measured_table().values() for t in m.values() for w in t.values())
+    rows = (w for m in measured_table().values() for t in m.values() for w in t.values())
     return max([default, *(int(r[name]) for r in rows if name in r)])
 
 
