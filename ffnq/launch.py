@@ -20,7 +20,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -299,15 +301,16 @@ def run(job: str, opts: JobOptions, progress: bool = True) -> JobResult:
         cmd = torchrun_command(job, opts, opts_file)
         log = (result_dir / "torchrun.log").open("w")
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, env=job_env(tag), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            rc = _wait(proc, result_dir, t0 + deadline, job, progress)
-        finally:
-            if proc.poll() is None:
-                _kill_group(proc)
-            log.close()
-            sweep(tag)
+        with _terminated_as_exit():
+            proc = subprocess.Popen(cmd, env=job_env(tag), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                rc = _wait(proc, result_dir, t0 + deadline, job, progress)
+            finally:
+                if proc.poll() is None:
+                    _kill_group(proc)
+                log.close()
+                sweep(tag)
         wall = time.monotonic() - t0
         recs = read_records(result_dir)
         if rc is None:
@@ -323,6 +326,27 @@ def run(job: str, opts: JobOptions, progress: bool = True) -> JobResult:
             if r.get("kind") == "row":
                 rows.setdefault(r["table"], []).append(r["data"])
         return JobResult({k: pd.DataFrame(v) for k, v in rows.items()}, cmd, wall, tag, recs)
+
+
+@contextmanager
+def _terminated_as_exit():
+    """SIGTERM and SIGHUP end this process through SystemExit(128 + signal) while a job runs, so
+    run's ``finally`` kills the ranks: they run in a session of their own (no terminal signal
+    reaches them), and the default action would end ffnq at once and leave them running (a CI
+    job cancelled, ``timeout`` around ffnq). Only the main thread can take signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def end(sig, frame):
+        raise SystemExit(128 + sig)
+
+    old = {s: signal.signal(s, end) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _wait(proc, result_dir: Path, end: float, job: str, progress: bool) -> int | None:

@@ -1,9 +1,17 @@
-"""launch: parsing, validation before torchrun, the torchrun command, failure messages."""
+"""launch: parsing, validation before torchrun, the torchrun command, failure messages, the ranks
+ended with ffnq."""
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
 
 from ffnq.errors import UsageError
 from ffnq.launch import (JobOptions, _failure, deadline_for, job_env, over_delay_ns, parse_inject, parse_widths,
                          torchrun_command, under_delay_ns, validate)
+from helpers import TESTS, ffnq_cmd
 
 
 def test_widths_lists_and_ranges():
@@ -77,3 +85,40 @@ def test_triton_interpreter_is_one_rank(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(UsageError, match="runs one rank only"):
         validate(JobOptions(backend="triton", tp=2))
+
+
+def _job_pids(under: str) -> list[int]:
+    """Processes whose command line names a path under ``under`` (a job's ranks and torchrun)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and under in (d / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path):
+    """SIGTERM to ffnq (a cancelled CI job, `timeout ffnq ...`) ends the job's torchrun and ranks
+    too: they run in a session of their own, so nothing else would."""
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([*ffnq_cmd(), "soak", "--backend", "cpu", "--tp", "2", "--steps", "1000000", "--out",
+                          str(tmp_path / "reports")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + 120
+        while len(_job_pids(str(tmp_path))) < 3 and time.monotonic() < end and p.poll() is None:
+            time.sleep(0.5)  # torchrun and both ranks up
+        assert len(_job_pids(str(tmp_path))) >= 3, p.stderr.read().decode() if p.poll() is not None else "no ranks"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 128 + signal.SIGTERM
+        end = time.monotonic() + 20
+        while _job_pids(str(tmp_path)) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert _job_pids(str(tmp_path)) == []
+        assert not (tmp_path / "reports").exists()  # nothing half-written
+    finally:
+        for pid in _job_pids(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+        p.kill()
