@@ -303,7 +303,7 @@ def run(job: str, opts: JobOptions, progress: bool = True) -> JobResult:
         t0 = time.monotonic()
         with _terminated_as_exit():
             proc = subprocess.Popen(cmd, env=job_env(tag), stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_die_with_parent)
             try:
                 rc = _wait(proc, result_dir, t0 + deadline, job, progress)
             finally:
@@ -326,6 +326,15 @@ def run(job: str, opts: JobOptions, progress: bool = True) -> JobResult:
             if r.get("kind") == "row":
                 rows.setdefault(r["table"], []).append(r["data"])
         return JobResult({k: pd.DataFrame(v) for k, v in rows.items()}, cmd, wall, tag, recs)
+
+
+def _die_with_parent() -> None:
+    """(In the child, before exec: torchrun.) On Linux, SIGTERM to torchrun when ffnq dies, even
+    by SIGKILL, which no handler sees; torchrun then ends its ranks."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @contextmanager

@@ -100,9 +100,12 @@ def _job_pids(under: str) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
-def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path):
+@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)],
+                         ids=["SIGTERM", "SIGKILL"])
+def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path, sig, rc):
     """SIGTERM to ffnq (a cancelled CI job, `timeout ffnq ...`) ends the job's torchrun and ranks
-    too: they run in a session of their own, so nothing else would."""
+    too: they run in a session of their own, so nothing else would. SIGKILL, which ffnq cannot
+    see, ends them through torchrun's parent-death signal."""
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.Popen([*ffnq_cmd(), "soak", "--backend", "cpu", "--tp", "2", "--steps", "1000000", "--out",
                           str(tmp_path / "reports")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -111,8 +114,8 @@ def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path):
         while len(_job_pids(str(tmp_path))) < 3 and time.monotonic() < end and p.poll() is None:
             time.sleep(0.5)  # torchrun and both ranks up
         assert len(_job_pids(str(tmp_path))) >= 3, p.stderr.read().decode() if p.poll() is not None else "no ranks"
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=30) == 128 + signal.SIGTERM
+        p.send_signal(sig)
+        assert p.wait(timeout=30) == rc
         end = time.monotonic() + 20
         while _job_pids(str(tmp_path)) and time.monotonic() < end:
             time.sleep(0.5)
