@@ -303,7 +303,7 @@ def run(job: str, opts: JobOptions, progress: bool = True) -> JobResult:
         t0 = time.monotonic()
         with _terminated_as_exit():
             proc = subprocess.Popen(cmd, env=job_env(tag), stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=_die_with_parent)
+                                    start_new_session=True, preexec_fn=_die_with_parent())
             try:
                 rc = _wait(proc, result_dir, t0 + deadline, job, progress)
             finally:
@@ -328,13 +328,22 @@ def run(job: str, opts: JobOptions, progress: bool = True) -> JobResult:
         return JobResult({k: pd.DataFrame(v) for k, v in rows.items()}, cmd, wall, tag, recs)
 
 
-def _die_with_parent() -> None:
-    """(In the child, before exec: torchrun.) On Linux, SIGTERM to torchrun when ffnq dies, even
-    by SIGKILL, which no handler sees; torchrun then ends its ranks."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _die_with_parent():
+    """The preexec_fn that makes torchrun take SIGTERM when ffnq dies, even by SIGKILL, which no
+    handler sees (torchrun then ends its ranks); None off Linux. libc is looked up here, in the
+    parent: between fork and exec the child only calls it (an import there can deadlock). The
+    signal follows the forking thread's exit, so only the main thread arms it."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    prctl, parent, term = ctypes.CDLL(None, use_errno=True).prctl, os.getpid(), int(signal.SIGTERM)
+
+    def arm() -> None:
+        prctl(1, term)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # ffnq died before the call: nobody would signal
+            os._exit(1)
+    return arm
 
 
 @contextmanager

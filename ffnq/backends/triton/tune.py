@@ -13,7 +13,7 @@ import re
 ENV = "FFNQ_TRITON_TUNE"
 
 # every key kernel.geometry, kernel.constexprs, kernel.launch_options, kernel.max_scale and
-# runner.blocks_for read (tests/test_triton_offline.py checks the kernel's reads against it)
+# runner.blocks_for read (tests/test_triton_tune.py checks the source's reads against it)
 KEYS = frozenset({
     "A8", "A8T", "BH", "BN", "CHK", "COOP", "CPS", "DQ", "EW", "F8", "FENCE", "FR", "FW", "JB", "KH", "KS",
     "KSFIX", "LL", "NS", "NS2", "NSS", "PDL", "PLR", "PRE", "PS", "RPG", "RTOP", "SACC", "SOLO", "SORT", "SPS",
