@@ -75,7 +75,7 @@ def expert_items(w, wd, s, x, out, n_items, NT: tl.constexpr, KS: tl.constexpr, 
 @triton.jit
 def both_stages(w1, wd1, s1, x1, out1, n1, w2, wd2, s2, x2, out2, n2, NT1: tl.constexpr, KS1: tl.constexpr,
                 K1: tl.constexpr, NT2: tl.constexpr, K2: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
-                N: tl.constexpr, TMA: tl.constexpr, NS: tl.constexpr):
+                N: tl.constexpr, TMA: tl.constexpr, NS: tl.constexpr, BH: tl.constexpr = 64):
     # stage 1's items then stage 2's in one sequence, with no wait between them: the bound of
     # any schedule that overlaps the two stages (the kernel's stage-2 item waits for its expert)
     pid, nprog = tl.program_id(0), tl.num_programs(0)
@@ -84,7 +84,7 @@ def both_stages(w1, wd1, s1, x1, out1, n1, w2, wd2, s2, x2, out2, n2, NT1: tl.co
         if it < n1:
             _item(w1, wd1, s1, x1, out1, it, NT1, KS1, K1, ROWS, BN, N, True, TMA, NS)
         else:
-            _item(w2, wd2, s2, x2, out2, it - n1, NT2, 1, K2, ROWS, BN, N, False, TMA, NS)
+            _item(w2, wd2, s2, x2, out2, it - n1, NT2, 1, K2, ROWS, BH, N, False, TMA, NS)
         it += nprog
 
 
@@ -116,10 +116,59 @@ def _timed(label: str, run, checks, nbytes: int, reps: int, dev, per: int) -> fl
     return us
 
 
+def shapes(a, dev, grid: int) -> None:
+    """--shapes E:KS:BH,...: per shape (E experts, stage 1 in KS parts of K, stage-2 items of BH
+    rows: a width's items as its build makes them), each stage alone and both as one sequence,
+    the kernel's loads (pointer, 3 stages)."""
+    f8, N, BN = torch.float8_e4m3fn, 16, 64
+    for shape in a.shapes.split(","):
+        ne, ks, bh = map(int, shape.split(":"))
+        w1 = [((torch.randn(ne, 2 * I, H, device=dev) * 0.5).to(f8),
+               torch.rand(ne, 2 * I // BN, H // 128, device=dev) + 0.5) for _ in range(a.sets)]
+        w2 = [((torch.randn(ne, H, I, device=dev) * 0.5).to(f8),
+               torch.rand(ne, H // bh, I // 128, device=dev) + 0.5) for _ in range(a.sets)]
+        x1, x2 = torch.randn(N, H, device=dev).to(f8), torch.randn(N, I, device=dev).to(f8)
+        nt1, nt2 = I // BN, H // bh
+        n1, n2 = ne * nt1 * ks, ne * nt2
+        o1 = [torch.empty(n1, BN, N, device=dev) for _ in w1]
+        o2 = [torch.empty(n2, bh, N, device=dev) for _ in w2]
+        c1 = [(o1[0], want(*w1[0], x1, nt1, ks, BN, True))]
+        c2 = [(o2[0], want(*w2[0], x2, nt2, 1, bh, False))]
+        d1 = [TensorDescriptor.from_tensor(w.view(-1, H), [BN, 128]) for w, _ in w1]
+        d2 = [TensorDescriptor.from_tensor(w.view(-1, I), [bh, 128]) for w, _ in w2]
+        b1, b2 = w1[0][0].numel(), w2[0][0].numel()
+        head = f"{ne} experts, KS={ks}, BH={bh}:"
+
+        def one(i, stage):
+            if stage == 1:
+                return expert_items[(grid,)](*w1[i][:1], d1[i], w1[i][1], x1, o1[i], n1, NT=nt1, KS=ks, K=H,
+                                             ROWS=2 * I, BN=BN, N=N, GU=True, TMA=False, NS=3, num_warps=4)
+            return expert_items[(grid,)](*w2[i][:1], d2[i], w2[i][1], x2, o2[i], n2, NT=nt2, KS=1, K=I, ROWS=H,
+                                         BN=bh, N=N, GU=False, TMA=False, NS=3, num_warps=4)
+
+        def both(i):
+            return both_stages[(grid,)](w1[i][0], d1[i], w1[i][1], x1, o1[i], n1, w2[i][0], d2[i], w2[i][1], x2,
+                                        o2[i], n2, NT1=nt1, KS1=ks, K1=H, NT2=nt2, K2=I, ROWS=H, BN=BN, N=N,
+                                        TMA=False, NS=3, BH=bh, num_warps=4)
+
+        sets = range(a.sets)
+        t1 = _timed(f"{head} stage 1 ({n1} items)", lambda: [one(i, 1) for i in sets][-1], c1, b1, a.reps, dev,
+                    a.sets)
+        t2 = _timed(f"{head} stage 2 ({n2} items)", lambda: [one(i, 2) for i in sets][-1], c2, b2, a.reps, dev,
+                    a.sets)
+        tb = _timed(f"{head} both, no wait between", lambda: [both(i) for i in sets][-1], c1 + c2, b1 + b2, a.reps,
+                    dev, a.sets)
+        if None not in (t1, t2, tb):
+            print(f"{head} the two waves {t1 + t2:.1f} us, as one sequence {tb:.1f} us", flush=True)
+        del w1, w2, o1, o2, c1, c2
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--sets", type=int, default=4, help="weight sets replayed in turn (each cold in the L2)")
+    ap.add_argument("--shapes", default="", help="E:KS:BH,... (e.g. 8:2:64,15:1:64,21:2:128): only these "
+                                                 "widths' stages, alone and as one sequence")
     a = ap.parse_args()
     dev = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -127,6 +176,9 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name(dev)}: {sms} SMs, grid {grid} (3 CTAs of 4 warps per SM)", flush=True)
     print(f"floor read kernel: {floor.hbm_read_gbps(dev) / 1e3:.3f} TB/s", flush=True)
+    if a.shapes:
+        shapes(a, dev, grid)
+        return
     f8, N, BN = torch.float8_e4m3fn, 16, 64
     # one token's items, 384 of each stage: (rows per expert, K, gate+up, K parts)
     shapes = {"stage 1": (2 * I, H, True, 2), "stage 2": (H, I, False, 1)}
