@@ -181,9 +181,9 @@ def main() -> None:
         return
     f8, N, BN = torch.float8_e4m3fn, 16, 64
     # one token's items, 384 of each stage: (rows per expert, K, gate+up, K parts)
-    shapes = {"stage 1": (2 * I, H, True, 2), "stage 2": (H, I, False, 1)}
+    stages = {"stage 1": (2 * I, H, True, 2), "stage 2": (H, I, False, 1)}
     data = {}
-    for stage, (rows, K, gu, ks) in shapes.items():
+    for stage, (rows, K, gu, ks) in stages.items():
         nt = rows // BN // (2 if gu else 1)
         sets = [((torch.randn(TOPK, rows, K, device=dev) * 0.5).to(f8),
                  torch.rand(TOPK, rows // BN, K // 128, device=dev) + 0.5) for _ in range(a.sets)]
