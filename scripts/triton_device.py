@@ -240,7 +240,7 @@ def run_model(name, widths, bench_widths, experts, dev, timeout_s, do_inject, sm
         d = r.describe(s)
         if s in (widths[0], widths[-1]) or d.get("n_spills"):
             log(f"   s={s} regs={d.get('n_regs')} spills={d.get('n_spills')} shared={d.get('shared_bytes')} "
-                f"ctas/sm={d.get('ctas_per_cu')} compile_s={d.get('compile_s')}")
+                f"ctas/sm={d.get('ctas_per_cu')} grid={r.keys[s].blocks} compile_s={d.get('compile_s')}")
     r.reset()
     res = {}
     for s in widths:
@@ -328,7 +328,8 @@ def main():
     if WORLD > 1:
         dist.init_process_group("nccl", device_id=dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    log(f"device {torch.cuda.get_device_name(dev)} sms={sms} grid={TritonRunner.BLOCKS} world={WORLD} "
+    log(f"device {torch.cuda.get_device_name(dev)} sms={sms} grid={TritonRunner.BLOCKS} (a width's own below) "
+        f"world={WORLD} "
         f"torch {torch.__version__}")
     for name in a.models.split(","):
         for ex in a.experts.split(","):
