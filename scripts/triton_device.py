@@ -329,8 +329,7 @@ def main():
         dist.init_process_group("nccl", device_id=dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     log(f"device {torch.cuda.get_device_name(dev)} sms={sms} grid={TritonRunner.BLOCKS} (a width's own below) "
-        f"world={WORLD} "
-        f"torch {torch.__version__}")
+        f"world={WORLD} torch {torch.__version__}")
     for name in a.models.split(","):
         for ex in a.experts.split(","):
             try:
