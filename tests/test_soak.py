@@ -3,6 +3,7 @@ the rank, keeps what finished, and leaves no segment or process behind."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,14 +19,16 @@ def soak(tmp_path: Path, *args: str, timeout_s: float = TIMEOUT_S) -> tuple[int,
     cmd = [sys.executable, "-m", "ffnq.cli", "soak", "--backend", "cpu", "--model", "tiny", "--timeout",
            str(timeout_s), "--out", str(tmp_path), "--json", *args]
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    # the job's folder (its options file, on every rank's command line) under tmp_path: leftovers
+    # finds this test's processes only, not those of another run on the same host
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, TMPDIR=str(tmp_path)))
     doc = json.JSONDecoder().raw_decode(p.stdout)[0] if p.stdout.strip() else {"rows": []}
     return p.returncode, doc, p.stderr, time.monotonic() - t0
 
 
-def leftovers() -> list[str]:
+def leftovers(tmp_path: Path) -> list[str]:
     shm = [p.name for p in Path("/dev/shm").glob("ffnq-j*")]
-    ps = subprocess.run(["pgrep", "-f", "ffnq.jobs.soak"], capture_output=True, text=True).stdout.split()
+    ps = subprocess.run(["pgrep", "-f", f"ffnq.jobs.soak {tmp_path}/"], capture_output=True, text=True).stdout.split()
     return shm + ps
 
 
@@ -60,7 +63,7 @@ def test_soak_thousands_of_steps_zero_mismatches(tmp_path):
         assert r["rss_end_mb"] < r["rss_warm_mb"] + 50, r
     report = next(tmp_path.glob("*-soak-cpu-tp2"))
     assert (report / "results.csv").is_file() and "0 mismatches" in (report / "summary.md").read_text()
-    assert not leftovers()
+    assert not leftovers(tmp_path)
 
 
 def test_soak_near_tie_row_checked_against_the_kernels_pick(tmp_path):
@@ -112,4 +115,4 @@ def test_chaos_ends_in_time_naming_the_rank(tmp_path, setup_s, tp, rank, chaos):
     # every survivor reported the steps it finished before the fault
     survivors = [r for r in doc["rows"] if r["rank"] != rank]
     assert survivors and all(r["steps"] >= at for r in survivors), doc["rows"]
-    assert not leftovers()
+    assert not leftovers(tmp_path)
