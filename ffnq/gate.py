@@ -96,36 +96,33 @@ def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: dict
     """Refuse, before any job runs, a threshold that would judge nothing: of the wrong type, for
     a job (or a [compare] base) the config does not have, or a p50 budget for a width no bench
     job runs; and a config with no threshold on."""
-    from ffnq.launch import parse_widths
-    from ffnq.spec import load_model
-
     verbs = {v for v, _ in jobs}
     num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
 
-    def need(key: str, verb: str, what: str = "job") -> None:
-        if verb not in (verbs if what == "job" else cmp):
-            raise UsageError(f"gate config {p}: threshold {key} judges the {verb} {what}, which this config "
-                             f"does not have" + ("" if what == "job" else f" ([compare] {verb} = a report folder)"))
+    def need_job(key: str, verb: str) -> None:
+        if verb not in verbs:
+            raise UsageError(f"gate config {p}: threshold {key} judges the {verb} job, which this config does not "
+                             "have")
 
     for key, v in th.items():
         if key in SWITCHES:
             if not isinstance(v, bool):
                 raise UsageError(f"gate config {p}: threshold {key} = {v!r}: allowed true or false")
             if v and SWITCHES[key]:
-                need(key, SWITCHES[key])
-        elif key == "p50_us_max" and isinstance(v, dict):
-            ran = {w for verb, o in jobs if verb == "bench"
-                   for w in parse_widths(str(o.get("widths", "all")), load_model(o.get("model", "tiny")).max_tokens)}
+                need_job(key, SWITCHES[key])
+            continue
+        if key == "p50_us_max" and isinstance(v, dict):
+            ran = {w for verb, o in jobs if verb == "bench" for w in _widths(o)}
             for w, us in v.items():
                 if not (str(w).isdigit() and int(w) in ran) or not num(us):
                     raise UsageError(f"gate config {p}: p50_us_max {{ {w!r} = {us!r} }}: need a width a bench job "
                                      f"runs ({', '.join(map(str, sorted(ran))) or 'none'}) = a number of us")
         elif not num(v):
             raise UsageError(f"gate config {p}: threshold {key} = {v!r}: need a number")
-        if key not in SWITCHES:
-            need(key, "bench")
-        if key == "max_slower_pct":
-            need(key, "bench", "[compare] base")
+        need_job(key, "bench")
+        if key == "max_slower_pct" and "bench" not in cmp:
+            raise UsageError(f"gate config {p}: threshold {key} judges the bench [compare] base, which this config "
+                             "does not have ([compare] bench = a report folder)")
     if th.get("no_new_fail") and not ({"qualify", "warm"} & set(cmp)):
         raise UsageError(f"gate config {p}: threshold no_new_fail needs a [compare] qualify or warm base")
     for verb in cmp:
@@ -159,18 +156,24 @@ def relative_checks(verb: str, base_path: str, new_path: str, th: dict) -> list[
     return rows
 
 
+def _widths(o: dict) -> list[int]:
+    """A gate job's widths (its model's every width by default)."""
+    from ffnq.launch import parse_widths
+    from ffnq.spec import load_model
+
+    return parse_widths(str(o.get("widths", "all")), load_model(o.get("model", "tiny")).max_tokens)
+
+
 def job_options(opts: dict):
     """A gate job's options -> validated JobOptions (the same checks as the verbs)."""
     from ffnq.cli import parse_baselines
-    from ffnq.launch import JobOptions, parse_inject, parse_widths, resolve_backend, validate
-    from ffnq.spec import load_model
+    from ffnq.launch import JobOptions, parse_inject, resolve_backend, validate
 
     o = dict(opts)
-    spec = load_model(o.get("model", "tiny"))
     tp = int(o.get("tp", 2))
     inject = o.get("inject_rank", [])
     kw = dict(backend=o.get("runner") or resolve_backend(o.get("backend", "auto")), model=o.get("model", "tiny"),
-              tp=tp, experts=o.get("experts", "all"), widths=parse_widths(str(o.get("widths", "all")), spec.max_tokens),
+              tp=tp, experts=o.get("experts", "all"), widths=_widths(o),
               timeout_s=float(o.get("timeout", 1.0)), seed=int(o.get("seed", 0)), nnodes=int(o.get("nnodes", 1)),
               rdzv_endpoint=o.get("rdzv_endpoint"), deadline_s=o.get("deadline"),
               inject_ranks=parse_inject(inject if isinstance(inject, list) else [inject], tp),

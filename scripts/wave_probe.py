@@ -26,6 +26,7 @@ from ffnq import floor
 from ffnq.timing import warm_median_us
 
 H, I, TOPK = 3072, 1536, 8
+F8, N, BN = torch.float8_e4m3fn, 16, 64  # fp8 codes; x's token columns (two terms x 8); stage-1 tile rows
 
 
 @triton.jit
@@ -116,51 +117,67 @@ def _timed(label: str, run, checks, nbytes: int, reps: int, dev, per: int) -> fl
     return us
 
 
+def weight_sets(sets: int, experts: int, rows: int, K: int, bn: int, dev) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``sets`` sets of fp8 weights [experts, rows, K] and their block scales [experts, rows / bn, K / 128]."""
+    return [((torch.randn(experts, rows, K, device=dev) * 0.5).to(F8),
+             torch.rand(experts, rows // bn, K // 128, device=dev) + 0.5) for _ in range(sets)]
+
+
+def descriptors(sets, rows: int) -> list[TensorDescriptor]:
+    """One TMA descriptor of [rows, 128] blocks over each set's weights, seen as one matrix."""
+    return [TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), [rows, 128]) for w, _ in sets]
+
+
+def time_both(label: str, w1, w2, x1, x2, ks: int, bh: int, tma: bool, grid: int, reps: int, dev) -> float | None:
+    """Both stages' items as one sequence with no wait between them (both_stages), each set in
+    turn: stage 1 in ``ks`` K parts, stage-2 items of ``bh`` rows."""
+    ne = w1[0][0].shape[0]
+    nt1, nt2 = I // BN, H // bh
+    n1, n2 = ne * nt1 * ks, ne * nt2
+    outs = [(torch.empty(n1, BN, N, device=dev), torch.empty(n2, bh, N, device=dev)) for _ in w1]
+    checks = [(outs[0][0], want(*w1[0], x1, nt1, ks, BN, True)), (outs[0][1], want(*w2[0], x2, nt2, 1, bh, False))]
+    d1, d2 = descriptors(w1, BN), descriptors(w2, bh)
+
+    def run():
+        for i, ((a1, s1), (a2, s2)) in enumerate(zip(w1, w2)):
+            k = both_stages[(grid,)](a1, d1[i], s1, x1, outs[i][0], n1, a2, d2[i], s2, x2, outs[i][1], n2, NT1=nt1,
+                                     KS1=ks, K1=H, NT2=nt2, K2=I, ROWS=H, BN=BN, N=N, TMA=tma, NS=3, BH=bh,
+                                     num_warps=4)
+        return k
+
+    assert 2 * I == H  # one ROWS for both: w13 has 2 I rows, w2 H
+    return _timed(label, run, checks, w1[0][0].numel() + w2[0][0].numel(), reps, dev, len(w1))
+
+
 def shapes(a, dev, grid: int) -> None:
     """--shapes E:KS:BH,...: per shape (E experts, stage 1 in KS parts of K, stage-2 items of BH
     rows: a width's items as its build makes them), each stage alone and both as one sequence,
     the kernel's loads (pointer, 3 stages)."""
-    f8, N, BN = torch.float8_e4m3fn, 16, 64
     for shape in a.shapes.split(","):
         ne, ks, bh = map(int, shape.split(":"))
-        w1 = [((torch.randn(ne, 2 * I, H, device=dev) * 0.5).to(f8),
-               torch.rand(ne, 2 * I // BN, H // 128, device=dev) + 0.5) for _ in range(a.sets)]
-        w2 = [((torch.randn(ne, H, I, device=dev) * 0.5).to(f8),
-               torch.rand(ne, H // bh, I // 128, device=dev) + 0.5) for _ in range(a.sets)]
-        x1, x2 = torch.randn(N, H, device=dev).to(f8), torch.randn(N, I, device=dev).to(f8)
-        nt1, nt2 = I // BN, H // bh
-        n1, n2 = ne * nt1 * ks, ne * nt2
-        o1 = [torch.empty(n1, BN, N, device=dev) for _ in w1]
-        o2 = [torch.empty(n2, bh, N, device=dev) for _ in w2]
-        c1 = [(o1[0], want(*w1[0], x1, nt1, ks, BN, True))]
-        c2 = [(o2[0], want(*w2[0], x2, nt2, 1, bh, False))]
-        d1 = [TensorDescriptor.from_tensor(w.view(-1, H), [BN, 128]) for w, _ in w1]
-        d2 = [TensorDescriptor.from_tensor(w.view(-1, I), [bh, 128]) for w, _ in w2]
-        b1, b2 = w1[0][0].numel(), w2[0][0].numel()
+        w1, w2 = weight_sets(a.sets, ne, 2 * I, H, BN, dev), weight_sets(a.sets, ne, H, I, bh, dev)
+        x1, x2 = torch.randn(N, H, device=dev).to(F8), torch.randn(N, I, device=dev).to(F8)
         head = f"{ne} experts, KS={ks}, BH={bh}:"
+        t = []
+        # (stage, its sets, x, items per expert, K parts, K, rows per expert, item rows, gate+up)
+        for stage, ws, x, nt, kp, K, rows, bn, gu in ((1, w1, x1, I // BN, ks, H, 2 * I, BN, True),
+                                                     (2, w2, x2, H // bh, 1, I, H, bh, False)):
+            n = ne * nt * kp
+            outs = [torch.empty(n, bn, N, device=dev) for _ in ws]
+            d = descriptors(ws, bn)
+            args = dict(NT=nt, KS=kp, K=K, ROWS=rows, BN=bn, N=N, GU=gu, TMA=False, NS=3)
 
-        def one(i, stage):
-            if stage == 1:
-                return expert_items[(grid,)](*w1[i][:1], d1[i], w1[i][1], x1, o1[i], n1, NT=nt1, KS=ks, K=H,
-                                             ROWS=2 * I, BN=BN, N=N, GU=True, TMA=False, NS=3, num_warps=4)
-            return expert_items[(grid,)](*w2[i][:1], d2[i], w2[i][1], x2, o2[i], n2, NT=nt2, KS=1, K=I, ROWS=H,
-                                         BN=bh, N=N, GU=False, TMA=False, NS=3, num_warps=4)
+            def run(ws=ws, x=x, n=n, outs=outs, d=d, args=args):
+                for i, (w, s) in enumerate(ws):
+                    k = expert_items[(grid,)](w, d[i], s, x, outs[i], n, **args, num_warps=4)
+                return k
 
-        def both(i):
-            return both_stages[(grid,)](w1[i][0], d1[i], w1[i][1], x1, o1[i], n1, w2[i][0], d2[i], w2[i][1], x2,
-                                        o2[i], n2, NT1=nt1, KS1=ks, K1=H, NT2=nt2, K2=I, ROWS=H, BN=BN, N=N,
-                                        TMA=False, NS=3, BH=bh, num_warps=4)
-
-        sets = range(a.sets)
-        t1 = _timed(f"{head} stage 1 ({n1} items)", lambda: [one(i, 1) for i in sets][-1], c1, b1, a.reps, dev,
-                    a.sets)
-        t2 = _timed(f"{head} stage 2 ({n2} items)", lambda: [one(i, 2) for i in sets][-1], c2, b2, a.reps, dev,
-                    a.sets)
-        tb = _timed(f"{head} both, no wait between", lambda: [both(i) for i in sets][-1], c1 + c2, b1 + b2, a.reps,
-                    dev, a.sets)
-        if None not in (t1, t2, tb):
-            print(f"{head} the two waves {t1 + t2:.1f} us, as one sequence {tb:.1f} us", flush=True)
-        del w1, w2, o1, o2, c1, c2
+            t.append(_timed(f"{head} stage {stage} ({n} items)", run, [(outs[0], want(*ws[0], x, nt, kp, bn, gu))],
+                            ws[0][0].numel(), a.reps, dev, a.sets))
+        t.append(time_both(f"{head} both, no wait between", w1, w2, x1, x2, ks, bh, False, grid, a.reps, dev))
+        if None not in t:
+            print(f"{head} the two waves {t[0] + t[1]:.1f} us, as one sequence {t[2]:.1f} us", flush=True)
+        del w1, w2
 
 
 def main() -> None:
@@ -179,25 +196,23 @@ def main() -> None:
     if a.shapes:
         shapes(a, dev, grid)
         return
-    f8, N, BN = torch.float8_e4m3fn, 16, 64
     # one token's items, 384 of each stage: (rows per expert, K, gate+up, K parts)
     stages = {"stage 1": (2 * I, H, True, 2), "stage 2": (H, I, False, 1)}
     data = {}
     for stage, (rows, K, gu, ks) in stages.items():
         nt = rows // BN // (2 if gu else 1)
-        sets = [((torch.randn(TOPK, rows, K, device=dev) * 0.5).to(f8),
-                 torch.rand(TOPK, rows // BN, K // 128, device=dev) + 0.5) for _ in range(a.sets)]
-        xt = torch.randn(N, K, device=dev).to(f8)
-        data[stage] = (sets, xt, nt)
+        sets = weight_sets(a.sets, TOPK, rows, K, BN, dev)
+        xt = torch.randn(N, K, device=dev).to(F8)
+        data[stage] = (sets, xt)
         per_set = TOPK * nt * ks
         for mode in ("wave", "steady"):  # steady: every set's experts in one launch
             groups = sets if mode == "wave" else [(torch.cat([w for w, _ in sets]), torch.cat([s for _, s in sets]))]
             n_items = per_set * (1 if mode == "wave" else a.sets)
             outs = [torch.empty(n_items, BN, N, device=dev) for _ in groups]
             checks = [(outs[0], want(*groups[0], xt, nt, ks, BN, gu))]
+            descs = descriptors(groups, BN)
             for tma in (False, True):
                 for ns in (3, 4):
-                    descs = [TensorDescriptor.from_tensor(w.view(-1, K), [BN, 128]) for w, _ in groups]
                     args = dict(NT=nt, KS=ks, K=K, ROWS=rows, BN=BN, N=N, GU=gu, TMA=tma, NS=ns)
 
                     def run():
@@ -211,24 +226,11 @@ def main() -> None:
             del groups, outs, checks
     # both stages' waves as one sequence with no wait between them (each CTA's stage-1 item, then
     # a stage-2 item): what a schedule overlapping the stages could reach at most
-    (sets1, x1, nt1), (sets2, x2, nt2) = data["stage 1"], data["stage 2"]
-    n1, n2 = TOPK * nt1 * 2, TOPK * nt2
-    outs = [(torch.empty(n1, BN, N, device=dev), torch.empty(n2, BN, N, device=dev)) for _ in sets1]
-    checks = [(outs[0][0], want(*sets1[0], x1, nt1, 2, BN, True)), (outs[0][1], want(*sets2[0], x2, nt2, 1, BN, False))]
+    (sets1, x1), (sets2, x2) = data["stage 1"], data["stage 2"]
+    n1, n2 = TOPK * (I // BN) * 2, TOPK * (H // BN)
     for tma in (False, True):
-        d1 = [TensorDescriptor.from_tensor(w.view(-1, H), [BN, 128]) for w, _ in sets1]
-        d2 = [TensorDescriptor.from_tensor(w.view(-1, I), [BN, 128]) for w, _ in sets2]
-        args = dict(NT1=nt1, KS1=2, K1=H, NT2=nt2, K2=I, ROWS=2 * I, BN=BN, N=N, TMA=tma, NS=3)
-        assert 2 * I == H  # one ROWS for both: w13 has 2 I rows, w2 H
-
-        def run():
-            for i, ((w1, s1), (w2, s2)) in enumerate(zip(sets1, sets2)):
-                k = both_stages[(grid,)](w1, d1[i], s1, x1, outs[i][0], n1, w2, d2[i], s2, x2, outs[i][1], n2,
-                                         **args, num_warps=4)
-            return k
-
-        _timed(f"both   wave   {'tma' if tma else 'ptr'} NS=3: {n1} + {n2} items", run, checks,
-               sets1[0][0].numel() + sets2[0][0].numel(), a.reps, dev, len(sets1))
+        time_both(f"both   wave   {'tma' if tma else 'ptr'} NS=3: {n1} + {n2} items", sets1, sets2, x1, x2, 2, BN,
+                  tma, grid, a.reps, dev)
 
 
 if __name__ == "__main__":

@@ -39,3 +39,18 @@ def commit_all(repo: Path) -> str:
     git(repo, "add", "-A")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
     return git(repo, "rev-parse", "HEAD")
+
+
+def job_pids(under: Path | str) -> list[int]:
+    """The live processes of an ffnq job whose folder is under ``under`` (torchrun and the ranks:
+    their command lines name ``python -m ffnq.jobs.<job>`` and the job's options file): this
+    test's own job only, not another run's on the same host."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace") if d.name.isdigit() else ""
+        except OSError:
+            continue
+        if "ffnq.jobs." in cmd and str(under) in cmd:
+            pids.append(int(d.name))
+    return pids

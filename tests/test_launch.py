@@ -11,7 +11,7 @@ import pytest
 from ffnq.errors import UsageError
 from ffnq.launch import (JobOptions, _failure, deadline_for, job_env, over_delay_ns, parse_inject, parse_widths,
                          torchrun_command, under_delay_ns, validate)
-from helpers import TESTS, ffnq_cmd
+from helpers import TESTS, ffnq_cmd, job_pids
 
 
 def test_widths_lists_and_ranges():
@@ -87,18 +87,6 @@ def test_triton_interpreter_is_one_rank(monkeypatch):
         validate(JobOptions(backend="triton", tp=2))
 
 
-def _job_pids(under: str) -> list[int]:
-    """Processes whose command line names a path under ``under`` (a job's ranks and torchrun)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and under in (d / "cmdline").read_bytes().decode(errors="replace"):
-                pids.append(int(d.name))
-        except OSError:
-            pass
-    return pids
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 @pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)],
                          ids=["SIGTERM", "SIGKILL"])
@@ -111,17 +99,17 @@ def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path, sig, rc):
                           str(tmp_path / "reports")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         end = time.monotonic() + 120
-        while len(_job_pids(str(tmp_path))) < 3 and time.monotonic() < end and p.poll() is None:
+        while len(job_pids(tmp_path)) < 3 and time.monotonic() < end and p.poll() is None:
             time.sleep(0.5)  # torchrun and both ranks up
-        assert len(_job_pids(str(tmp_path))) >= 3, p.stderr.read().decode() if p.poll() is not None else "no ranks"
+        assert len(job_pids(tmp_path)) >= 3, p.stderr.read().decode() if p.poll() is not None else "no ranks"
         p.send_signal(sig)
         assert p.wait(timeout=30) == rc
         end = time.monotonic() + 20
-        while _job_pids(str(tmp_path)) and time.monotonic() < end:
+        while job_pids(tmp_path) and time.monotonic() < end:
             time.sleep(0.5)
-        assert _job_pids(str(tmp_path)) == []
+        assert job_pids(tmp_path) == []
         assert not (tmp_path / "reports").exists()  # nothing half-written
     finally:
-        for pid in _job_pids(str(tmp_path)):
+        for pid in job_pids(tmp_path):
             os.kill(pid, signal.SIGKILL)
         p.kill()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import job_pids
+
 TIMEOUT_S = 1.0
 SLACK_S = 5.0  # the bound past the kernel timeout
 
@@ -27,9 +29,7 @@ def soak(tmp_path: Path, *args: str, timeout_s: float = TIMEOUT_S) -> tuple[int,
 
 
 def leftovers(tmp_path: Path) -> list[str]:
-    shm = [p.name for p in Path("/dev/shm").glob("ffnq-j*")]
-    ps = subprocess.run(["pgrep", "-f", f"ffnq.jobs.soak {tmp_path}/"], capture_output=True, text=True).stdout.split()
-    return shm + ps
+    return [p.name for p in Path("/dev/shm").glob("ffnq-j*")] + [str(pid) for pid in job_pids(tmp_path)]
 
 
 @pytest.fixture(scope="module")
