@@ -1,7 +1,6 @@
 """The Triton kernel compiles with no GPU for sm_90, gfx942 and gfx950, and the offline table
 reports resources and static residency (a grid too large for the chip is not resident)."""
 import os
-import re
 
 import pytest
 
@@ -205,25 +204,6 @@ def test_x_terms(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T=3")
     with pytest.raises(ValueError, match="X8T=3: allowed 2 or 4"):
         K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))
-
-
-def test_barrier_flags(monkeypatch):
-    """BSP=n: the grid barriers release through n flag words in a scratch region of their own
-    (one per 128-byte line), absent by default so the default builds' layout is unchanged; BLD
-    polls by loads, NVIDIA only (its fence is PTX); other counts are refused, named."""
-    from ffnq.backends.triton import kernel as K
-    from ffnq.spec import scratch_layout
-    key = offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, 4)
-    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-    assert (K.geometry(key)["BSP"], K.geometry(key)["BLD"]) == (0, False)
-    assert "bar" not in scratch_layout(key, K.scratch_extra(key))
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "BSP=16,BLD=1")
-    assert scratch_layout(key, K.scratch_extra(key))["bar"].nbytes == 16 * 128
-    assert offline.constexprs_for(key, False)["BLD"] and not offline.constexprs_for(key, True)["BLD"]
-    for bad in ("BSP=3", "BSP=256", "BSP=-1"):
-        monkeypatch.setenv("FFNQ_TRITON_TUNE", bad)
-        with pytest.raises(ValueError, match=re.escape(bad) + ": allowed 0"):
-            K.geometry(key)
 
 
 def test_partial_logits_over_live_rows(monkeypatch):

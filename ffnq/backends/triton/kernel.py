@@ -543,9 +543,9 @@ def _wait_fault(fault, peers, mine, e, PHASE: tl.constexpr, rank, missing, neg, 
 
 
 @triton.jit
-def _grid_barrier(words, bar, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, BLOCKS: tl.constexpr,
+def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, BLOCKS: tl.constexpr,
                   IS_HIP: tl.constexpr, INTERP: tl.constexpr, STAGE: tl.constexpr, CHK: tl.constexpr,
-                  LAST: tl.constexpr, BSP: tl.constexpr, BLD: tl.constexpr):
+                  LAST: tl.constexpr):
     """Barrier over the co-resident grid, always passed, even after a fault (bounded as a last
     resort). words[1] counts this launch's arrivals from 0: the first barrier is passed at BLOCKS,
     the LAST (LAST = n: the launch's n-th and last barrier; 0: not the last) at n x BLOCKS, whose
@@ -557,34 +557,17 @@ def _grid_barrier(words, bar, fault, e, rank, timeout_ns, pid, PHASE: tl.constex
     (an int64 count of every launch's arrivals, which needed every grid on the buffer to divide
     the others'): TP1, side by side, 57.6 / 87.0 / 145.5 / 204.2 against 57.5 / 87.1 / 145.0 /
     204.3 us at 1 / 2 / 4 / 8 tokens (dev round 43), 139.4 / 221.3 / 257.7 / 318.9 against 139.0 /
-    220.1 / 259.8 / 320.3 at 4 / 9 / 12 / 16 (dev round 44).
-    BSP = n (development): the last arriver releases the others through n flag words (bar, one
-    per 128-byte line; CTA c polls word c % n) tagged with the epoch and the barrier's number,
-    so the count takes only the arrivals: every CTA polling the one count with an atomic may
-    queue at its L2 slice (396 CTAs, a poll each per round trip) behind which the last arrival
-    waits. BLD (development): the polls as one lane's volatile load and one acquire fence after."""
+    220.1 / 259.8 / 320.3 at 4 / 9 / 12 / 16 (dev round 44)."""
     if STAGE == 0:
         tl.debug_barrier()
         cnt = (words + 1).to(tl.pointer_type(tl.uint32), bitcast=True)
         old = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
         full = LAST * BLOCKS if LAST else BLOCKS
-        if BSP:
-            # a tag no earlier launch on this scratch wrote: e is new every launch (reset clears both)
-            tag = (e << 2) | (LAST if LAST else 1)
-            if old == full - 1:
-                if LAST:  # nobody polls the count here: the next launch reads it past the kernel boundary
-                    tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(bar + tl.arange(0, BSP) * 32, tl.zeros([BSP], tl.int32) + tag, sem="release",
-                               scope="gpu")
-            else:
-                _spin_tag(bar + (pid % BSP) * 32, tag, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP, INTERP, CHK,
-                          BLD)
-        else:
-            if LAST:
-                if old == LAST * BLOCKS - 1:
-                    tl.atomic_xchg(cnt, 0, sem="release", scope="gpu")
-            _spin_count(cnt, old + 1, old + 1, full - 1 - old, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP,
-                        INTERP, CHK, BLD)
+        if LAST:
+            if old == LAST * BLOCKS - 1:
+                tl.atomic_xchg(cnt, 0, sem="release", scope="gpu")
+        _spin_count(cnt, old + 1, old + 1, full - 1 - old, fault, e, rank, timeout_ns, pid, PHASE, IS_HIP,
+                    INTERP, CHK)
         tl.debug_barrier()
 
 
@@ -593,7 +576,7 @@ def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constex
                 CHK: tl.constexpr):
     """Wait until the GPU-local counter *ptr reaches target."""
     v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    _spin_count(ptr, v, 0, target, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK, False)
+    _spin_count(ptr, v, 0, target, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
     tl.debug_barrier()
 
 
@@ -636,29 +619,8 @@ def _count_deadline(timeout_ns, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _poll_word(ptr, BLD: tl.constexpr):
-    """One look at a GPU-local int32 word: an acquire atomic, or (BLD) one lane's volatile load
-    (the caller fences once it has seen what it waits for: _acquired)."""
-    if BLD:
-        lane = tl.arange(0, 128)
-        v = tl.sum(tl.load(ptr + lane * 0, mask=lane == 0, other=0, volatile=True), axis=0)
-    else:
-        v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    return v
-
-
-@triton.jit
-def _acquired(BLD: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
-    """(BLD) The acquire fence after a poll by loads that saw its value (a relaxed read, then a
-    fence, is an acquire pattern)."""
-    if BLD & (not IS_HIP) & (not INTERP):
-        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
-                                  pack=1)
-
-
-@triton.jit
 def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, IS_HIP: tl.constexpr,
-                INTERP: tl.constexpr, CHK: tl.constexpr, BLD: tl.constexpr):
+                INTERP: tl.constexpr, CHK: tl.constexpr):
     """Spin until the GPU-local counter *ptr has grown by ``need`` from ``base`` (v: its last value
     read). The count is work of other CTAs of this launch and always arrives, so the bound, 4x
     timeout, is a last resort that records a fault; the clock is read every CHK polls."""
@@ -668,33 +630,12 @@ def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.c
         n = 0
         while (v - base < need) & (t <= deadline):
             _backoff(IS_HIP, INTERP)
-            v = _poll_word(ptr, BLD)
+            v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
             n += 1
             if n % CHK == 0:
                 t = now_u(IS_HIP, INTERP)
         if v - base < need:
             _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
-        _acquired(BLD, IS_HIP, INTERP)
-
-
-@triton.jit
-def _spin_tag(ptr, tag, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, IS_HIP: tl.constexpr,
-              INTERP: tl.constexpr, CHK: tl.constexpr, BLD: tl.constexpr):
-    """Spin until the GPU-local word *ptr holds ``tag`` (bounded as _spin_count)."""
-    v = _poll_word(ptr, BLD)
-    if v != tag:
-        t0, deadline = _count_deadline(timeout_ns, IS_HIP, INTERP)
-        t = t0
-        n = 0
-        while (v != tag) & (t <= deadline):
-            _backoff(IS_HIP, INTERP)
-            v = _poll_word(ptr, BLD)
-            n += 1
-            if n % CHK == 0:
-                t = now_u(IS_HIP, INTERP)
-        if v != tag:
-            _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
-    _acquired(BLD, IS_HIP, INTERP)
 
 
 @triton.jit
@@ -782,7 +723,7 @@ def ffn_kernel(
     A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr, SC_BAR: tl.constexpr, BSP: tl.constexpr, BLD: tl.constexpr,
+    SC_INV: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -839,7 +780,6 @@ def ffn_kernel(
     tl_row = _as(scratch, SC_TL, tl.int64) + pid * NCOL
     sub_row = _as(scratch, SC_SUB, tl.int64) + pid * 16  # finer stamps inside the router and expert phases
     words = epoch
-    bar = _as(scratch, SC_BAR, tl.int32)  # (BSP) the grid barriers' release flags
     # a plain L2 read (the last launch's write to it is ordered by the kernel boundary or gdc_wait):
     # unlike an atomic it does not stall here, so it overlaps the phase-A loads below
     e = tl.load(words, cache_modifier=".cg") + 1
@@ -986,7 +926,7 @@ def ffn_kernel(
                          mask=rmask[:, None] & evalid[None, :])
     if (STAGE == 0) | (STAGE == 6):
         _stamp(tl_row, C_SEAM_DONE, IS_HIP, INTERP, TIMELINE)
-    _grid_barrier(words, bar, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, FR, BSP, BLD)
+    _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, FR)
     if (STAGE == 0) & (pid == 0):
         # every CTA read the epoch before barrier 1, so it moves on here (also after a fault);
         # the next launch reads it after the kernel boundary (or gdc_wait): no exit counter
@@ -1063,7 +1003,7 @@ def ffn_kernel(
                      mask=rmask_r[:, None] & emask[None, :])
         _stamp(sub_row, 1, IS_HIP, INTERP, TIMELINE)
     if not FR:
-        _grid_barrier(words, bar, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, 2, BSP, BLD)
+        _grid_barrier(words, fault, e, rank, timeout_ns, pid, PH_SEAM, BLOCKS, IS_HIP, INTERP, STAGE, CHK, 2)
 
     # ------------------------------------------------------------------------------ C: top-k + experts stage 1
     sync = _as(scratch, SC_SYNC, tl.int32)  # [NSL] stage-1 tiles done per slot, [NHT] stage-2 items done per H tile, [NSL*NT] split-K arrivals
@@ -1673,14 +1613,11 @@ def geometry(key) -> dict:
     # against 0.0017); PF, the stage-2 item's w2 rows prefetched to the L2 before its wait (23bca0f;
     # dev round 88: 2-8% slower); KROT, each item's K loop started at a block set by its tile
     # (7c88b67; dev round 102: 0.2-2% slower); TLG, the FR barrier as tagged logits (4dd9cee; dev
-    # round 105: 1.2-1.4 us slower at 1-2 tokens)
-    # BSP=n: the grid barriers release through n flag words, not the one count every CTA polls;
-    # BLD: their polls (and those of the count) as one lane's volatile load, not an atomic
-    # (_grid_barrier). Development keys, off by default
-    bsp = tune.get("BSP", 0)
-    if bsp < 0 or bsp > 128 or bsp & (bsp - 1):
-        raise ValueError(f"FFNQ_TRITON_TUNE BSP={bsp}: allowed 0 (off) or a power of two up to 128 flag words")
-    extra = dict(CHK=tune.get("CHK", 8), BSP=bsp, BLD=bool(tune.get("BLD", 0)),
+    # round 105: 1.2-1.4 us slower at 1-2 tokens); BSP, the grid barriers released through 16 flag
+    # words (one count polled by every CTA's atomic was thought to queue), and BLD, their polls as one
+    # lane's load (04d1cf9; dev round 106: barrier 1 from the last arrival to the last CTA out 1.5-2.3
+    # us against 1.3, the step 0.2-2.7 us slower at 1-16 tokens)
+    extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
@@ -1751,8 +1688,6 @@ def scratch_extra(key) -> list:
             out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
         if g["SPS"]:  # each CTA's expert -> slot table (phase C), for phase E
             out.append(("inv", torch.int32, (key.blocks, g["EP2"])))
-    if g["BSP"]:  # the barriers' flag words, one per 128-byte line
-        out.append(("bar", torch.int32, (g["BSP"] * 32,)))
     return out
 
 
@@ -1766,7 +1701,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
           "SC_X": "x", "SC_SSQ": "ssq", "SC_LOGIT": "logits", "SC_META": "meta",
           "SC_ACT": "act", "SC_YPART": "ypart", "SC_WTAB": "wtab", "SC_PLOG": "plog", "SC_ECTA": "ecta",
           "SC_SUB": "sub", "SC_SYNC": "sync", "SC_GPART": "gpart", "SC_SEL": "sel", "SC_ROWCNT": "rowcnt",
-          "SC_RPART": "rpart", "SC_ACT8": "act8", "SC_ASC": "ascale", "SC_INV": "inv", "SC_BAR": "bar"}
+          "SC_RPART": "rpart", "SC_ACT8": "act8", "SC_ASC": "ascale", "SC_INV": "inv"}
     g.update({k: (layout[v].offset if v in layout else 0) for k, v in sc.items()})
     if is_hip:  # CDNA: deeper pipelining spills VGPRs (464 VGPR + 71 spills at NS=4, gfx942 s=8)
         g["NS"] = g["NS2"] = NUM_STAGES_HIP
@@ -1775,8 +1710,8 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
         g["F8"], g["A8"] = False, 0
         g["SQ"] = max(g["SQ"], 8)  # two fp16 x terms: N = 2 x SQ >= 16
-    if is_hip or interp:  # griddepcontrol and the fences are sm_90 PTX
-        g["PDL"] = g["FENCE"] = g["BLD"] = False
+    if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
+        g["PDL"] = g["FENCE"] = False
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
         g["LL"] = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
