@@ -6,7 +6,6 @@ tables and writes a report folder. Exit 0 pass, 1 a case/threshold failed or a r
 """
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -111,13 +110,9 @@ def parse_baselines(text: str) -> dict:
 
 
 def _meta(opts, result=None) -> dict:
-    from ffnq.report import git_commit, machine_info
+    from ffnq.report import command_line, git_commit, machine_info
 
-    # a development override of the Triton build, and the fetched vLLM kernel and its launch
-    # config of baseline (d), are part of what ran: the command shows them
-    tune = [f"{k}={v}" for k in ("FFNQ_TRITON_TUNE", "FFNQ_VLLM_MOE", "FFNQ_VLLM_MOE_CONFIG")
-            if (v := os.environ.get(k))]
-    return {"command": shlex.join([*tune, "ffnq", *sys.argv[1:]]), "machine": machine_info(), "git_commit": git_commit(),
+    return {"command": command_line(["ffnq", *sys.argv[1:]]), "machine": machine_info(), "git_commit": git_commit(),
             "config": opts.to_json() if hasattr(opts, "to_json") else opts,
             "torchrun": shlex.join(result.command) if result else None,
             "wall_s": round(result.wall_s, 2) if result else None}

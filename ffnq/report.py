@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -146,6 +147,17 @@ def _waited_for(gr: pd.DataFrame, ph: str) -> str:
 
 
 # ---- files -----------------------------------------------------------------------------------------
+
+# environment that changes what runs: a development override of the Triton build, and the fetched
+# vLLM kernel and its launch config of baseline (d)
+RUN_ENV = ("FFNQ_TRITON_TUNE", "FFNQ_VLLM_MOE", "FFNQ_VLLM_MOE_CONFIG")
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as it ran, the RUN_ENV variables set for it in front (a report made under an
+    override must not read as the default build's)."""
+    return shlex.join([*(f"{k}={v}" for k in RUN_ENV if (v := os.environ.get(k))), *argv])
+
 
 def git_commit() -> str:
     """HEAD (with -dirty), or FFNQ_COMMIT where the tree has no .git (a copy on a device host)."""

@@ -17,7 +17,6 @@ Writes <out>/<stamp>-tp2-on-one-gpu-triton-tp2/ (results.csv, summary.md); exit 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 
@@ -214,7 +213,7 @@ def main() -> int:
             f"rank {x['rank']}: ranks {x['missing_ranks']} missing in {x['phase_name']}" for x in f))
     passed = int(df["ok"].sum())
     verdict = f"{'PASS' if passed == len(df) else 'FAIL'} {passed}/{len(df)}"
-    meta = {"command": "python " + " ".join(shlex.quote(x) for x in sys.argv), "git_commit": report.git_commit(),
+    meta = {"command": report.command_line(["python", *sys.argv]), "git_commit": report.git_commit(),
             "machine": report.machine_info(),
             "config": {"model": a.model, "tp": TP, "ranks_on_one_gpu": TP, "grid_per_rank": blocks,
                        "timeout_s": a.timeout, "widths": a.widths}}

@@ -5,6 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from ffnq import report
 from ffnq.errors import UsageError
 from ffnq.report import SCHEMA_VERSION, chrome_trace, handshake, load_report, markdown, show_table, write_report
 from ffnq.spec import stamp_names
@@ -91,3 +92,14 @@ def test_show_table_json_and_markdown(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["rows"][0] == {"width": 1, "p50_us": 3.5} and doc["rows"][1]["p50_us"] is None
     assert markdown(df).splitlines()[2] == "| 1 | 3.5 |"
+
+
+def test_command_line_names_the_environment_that_changes_the_build(monkeypatch):
+    """The scripts' reports (scripts/tp2_one_gpu.py) show an override of the Triton build as the
+    CLI's do: a check made under FFNQ_TRITON_TUNE must not read as the default build's."""
+    for k in report.RUN_ENV:
+        monkeypatch.delenv(k, raising=False)
+    assert report.command_line(["python", "scripts/tp2_one_gpu.py", "--out", "a b"]) == \
+        "python scripts/tp2_one_gpu.py --out 'a b'"
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "EW=1,DQ@4=1")
+    assert report.command_line(["python", "x.py"]) == "FFNQ_TRITON_TUNE=EW=1,DQ@4=1 python x.py"
