@@ -33,7 +33,7 @@ nvidia-smi -L
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "gpus", torch.cuda.device_count())'
 # the code that runs is FFNQ_COMMIT (the reports record it); the device copy's .git may be older
 echo "commit ${FFNQ_COMMIT:-unset} (FFNQ_COMMIT); the device copy's git HEAD: $(git log -1 --format='%h %s' 2>/dev/null)"
-echo "FFNQ_TRITON_TUNE=${FFNQ_TRITON_TUNE:-} (empty: the default build)"
+echo "FFNQ_TRITON_TUNE=${FFNQ_TRITON_TUNE:-(unset: the default build)}"
 for s in "$@"; do
   case $s in
     prewarm) step $s 150 bash -c "python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 --tp 1 --jobs 8 & python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 --tp 2 --jobs 8; wait" ;;
