@@ -8,7 +8,8 @@
 #   warm2 qualify2 bench2 soak2 gate2   TP2 on 2 GPUs      warm1 qualify1 bench1 soak1 gate1   TP1
 #   bench1c   TP1 bench timed in one window per width (--burst-ms 0), the method before bursts
 #   vllm2 vllm2s   TP2 bench beside (b) and (d) = (b) with vLLM's fused_moe kernel (default / small-M config)
-#   tp2on1   TP2's builds on one GPU (both ranks in one process, half the grid each: scripts/tp2_one_gpu.py)
+#   tp2on1   TP2's builds on one GPU (both ranks in one process, half the grid each: scripts/tp2_one_gpu.py;
+#            TP2_TIME=1,4,16 also times those widths there, a side-by-side proxy)
 #   SOAK_STEPS (default 100000) sets the soak's length
 set -o pipefail
 . "$(dirname "$0")/device_env.sh"
@@ -55,7 +56,7 @@ for s in "$@"; do
       step $s 150 $FF bench $M --tp 2 --widths 1,2,4,8,16 --rep-ms 300 --baselines unfused,vllm --out "$R"
       unset FFNQ_VLLM_MOE FFNQ_VLLM_MOE_CONFIG ;;
     gate2) step $s 300 $FF gate configs/gates/h200x2-tp2.toml --out "$R" ;;
-    tp2on1) step $s 240 bash -c "python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 --tp 2 --blocks \$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)') --jobs 14 | tail -n 1 && python3 scripts/tp2_one_gpu.py --out $R" ;;
+    tp2on1) step $s 240 bash -c "python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 --tp 2 --blocks \$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)') --jobs 14 | tail -n 1 && python3 scripts/tp2_one_gpu.py --out $R ${TP2_TIME:+--time $TP2_TIME}" ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -5,7 +5,7 @@ is the only way to run the TP2 builds (the seam and reduce exchanges, the handsh
 protocol) on hardware. It checks correctness, not speed: two ranks share one HBM and one L2, each
 on half the SMs, and the links are local stores, so its step time says nothing of 2xH200.
 
-    python scripts/tp2_one_gpu.py [--widths 1-16] [--timeout 0.2] [--out reports]
+    python scripts/tp2_one_gpu.py [--widths 1-16] [--timeout 0.2] [--out reports] [--time 1,4,16]
 
 Per width: a fresh random step (one padding row from 3 tokens) against the fp64 reference on
 both ranks (outputs poisoned with NaN before the step, routing compared, no fault), the final
@@ -13,10 +13,14 @@ both ranks (outputs poisoned with NaN before the step, routing compared, no faul
 of both ranks' launches replayed on fresh inputs, rank 1 held at kernel start under and over the
 timeout (under: correct, no fault; over: both ranks record rank 1 missing, no hang) and a reset.
 Writes <out>/<stamp>-tp2-on-one-gpu-triton-tp2/ (results.csv, summary.md); exit 1 on a failure.
+``--time``: those widths' paired step timed as the bench times a width (a CUDA graph of one step
+on each of 4 weight sets, so the experts come from HBM; the median of 200 replays). Both ranks
+still share one GPU: a figure to compare build choices side by side in one call, not a TP2 time.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 
@@ -28,6 +32,7 @@ from ffnq.backends import symm
 from ffnq.backends.triton import TritonRunner
 from ffnq.jobs.rank import step_inputs
 from ffnq.spec import Experts, load_model
+from ffnq.timing import StepTimer
 from ffnq.weights import shard, synthetic
 
 TP = 2
@@ -139,6 +144,21 @@ def graph_check(pair, s, full, spec, ws, cache, steps=8) -> dict:
     return row
 
 
+def cold_step_us(pair, spec, s, wsets, samples: int = 200) -> float:
+    """p50 us of one paired step with the weights rotating over ``wsets`` (each more than the L2
+    holds), replayed as a CUDA graph of one step per set, as the bench times a width: a
+    side-by-side proxy for build choices, not a 2xH200 step time."""
+    parts, resid, slots = inputs(spec, s, 60 + s, pair.dev, pad=False)
+    outs = poisoned(parts, resid)
+
+    def cycle():
+        for w in wsets:
+            pair.launch(parts, resid, w, slots, outs)
+    cycle()  # every set read once, eagerly, before the capture (TritonRunner.settle's contract)
+    torch.cuda.synchronize(pair.dev)
+    return statistics.median(StepTimer(cycle, device=pair.dev, graph=True)(samples, warmup=20)) / len(wsets)
+
+
 def inject_checks(pair, s, full, spec, ws, cache, timeout) -> list[dict]:
     """Rank 1 held at kernel start (every CTA spins on the clock) under and over the timeout."""
     rows = []
@@ -168,6 +188,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=0.2)
     ap.add_argument("--blocks", type=int, default=0, help="each rank's grid (default: the device's SMs)")
     ap.add_argument("--out", default="reports")
+    ap.add_argument("--time", default="", help="widths to time with cold weights (4 sets), e.g. 1,4,16")
     a = ap.parse_args()
     lo, _, hi = a.widths.partition("-")
     widths = list(range(int(lo), int(hi or lo) + 1)) if "," not in a.widths else [int(x) for x in a.widths.split(",")]
@@ -205,6 +226,16 @@ def main() -> int:
         for s in sorted({widths[0], widths[len(widths) // 2], widths[-1]}):
             rows.append(dict(check="CUDA graph replay", width=s, **graph_check(pair, s, full, spec, ws, cache)))
         rows += inject_checks(pair, 4 if 4 in widths else widths[0], full, spec, ws, cache, a.timeout)
+        timed = [int(x) for x in a.time.split(",") if x.strip()]
+        if timed:
+            del full
+            cache.clear()
+            wsets = [ws] + [[shard(synthetic(spec, seed=3 + i, device=dev), spec, TP, k, Experts.ALL, device=dev)
+                             for k in range(TP)] for i in (1, 2, 3)]
+            for s in timed:
+                us = cold_step_us(pair, spec, s, wsets)
+                print(f"   timed w={s}: {us:.1f} us per paired step (4 weight sets, proxy)", flush=True)
+                rows.append(dict(check="step time, cold weights (proxy)", width=s, ok=True, step_us=round(us, 1)))
     finally:
         pair.close()
     df = pd.DataFrame(rows)
