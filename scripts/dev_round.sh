@@ -13,6 +13,9 @@ OUT=${OUT:-/tmp/ffnq-out}
 R=$PWD/reports-dev
 mkdir -p "$OUT" "$R"
 T0=$(date +%s)
+# a variant's check log: its name made safe, and short (a whole candidate tune is ~400 characters,
+# over a file name's 255), with a hash of the whole so two long variants keep two logs
+log_name() { local n=${1//[^A-Za-z0-9]/_}; echo "check-${n:0:60}-$(echo -n "$1" | md5sum | cut -c1-8).log"; }
 TP=${TP:-2}
 RUN="python3 -m torch.distributed.run --standalone --nproc-per-node $TP"
 PRE="python3 -m ffnq.backends.triton.offline --target sm_90 --model minimax-m2 --tp $TP"
@@ -35,7 +38,7 @@ for v in "$@"; do
   B=$([ "$b" = default ] || echo "--blocks $b")
   # the whole check in its own file (a tail of a killed run keeps only torchrun's traceback)
   timeout -k 5 150 $RUN scripts/triton_device.py --models minimax-m2 --bench "" --profile 1,4,16 $B 2>&1 \
-    | grep -v "^\s*$" | tee "$OUT/check-${v//[^A-Za-z0-9]/_}.log" | tail -n 30
+    | grep -v "^\s*$" | tee "$OUT/$(log_name "$v")" | tail -n 30
   [ "$b" = default ] && RN="--backend triton" || RN="--runner scripts.dev_runners:Triton$b"
   echo "=== variant $v bench at +$(( $(date +%s) - T0 ))s"
   timeout -k 5 150 python3 -m ffnq.cli bench $RN --model minimax-m2 --tp $TP --widths ${WIDTHS:-1,2,4,8,16} --rep-ms 200 \
