@@ -14,13 +14,13 @@ of both ranks' launches replayed on fresh inputs, rank 1 held at kernel start un
 timeout (under: correct, no fault; over: both ranks record rank 1 missing, no hang) and a reset.
 Writes <out>/<stamp>-tp2-on-one-gpu-triton-tp2/ (results.csv, summary.md); exit 1 on a failure.
 ``--time``: those widths' paired step timed as the bench times a width (a CUDA graph of one step
-on each of 4 weight sets, so the experts come from HBM; the median of 200 replays). Both ranks
-still share one GPU: a figure to compare build choices side by side in one call, not a TP2 time.
+on each of the bench's weight sets, so the experts come from HBM; the median of 200 replays).
+Both ranks still share one GPU: a figure to compare build choices side by side in one call,
+not a TP2 time.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -32,7 +32,8 @@ from ffnq.backends import symm
 from ffnq.backends.triton import TritonRunner
 from ffnq.jobs.rank import step_inputs
 from ffnq.spec import Experts, load_model
-from ffnq.timing import StepTimer
+from ffnq.jobs.bench import ROTATE_SETS_GPU
+from ffnq.timing import StepTimer, quantiles_us
 from ffnq.weights import shard, synthetic
 
 TP = 2
@@ -156,7 +157,19 @@ def cold_step_us(pair, spec, s, wsets, samples: int = 200) -> float:
             pair.launch(parts, resid, w, slots, outs)
     cycle()  # every set read once, eagerly, before the capture (TritonRunner.settle's contract)
     torch.cuda.synchronize(pair.dev)
-    return statistics.median(StepTimer(cycle, device=pair.dev, graph=True)(samples, warmup=20)) / len(wsets)
+    samples_us = StepTimer(cycle, device=pair.dev, graph=True)(samples, warmup=20)
+    return quantiles_us(samples_us)["p50_us"] / len(wsets)
+
+
+def rotating_sets(spec, ws, dev) -> list:
+    """Both ranks' shards of set 0 (``ws``) and of as many more synthetic sets as the bench
+    rotates (ffnq.jobs.bench.ROTATE_SETS_GPU), each set made once and sharded for every rank."""
+    sets = [ws]
+    for i in range(1, ROTATE_SETS_GPU):
+        full = synthetic(spec, seed=3 + i, device=dev)
+        sets.append([shard(full, spec, TP, k, Experts.ALL, device=dev) for k in range(TP)])
+        del full
+    return sets
 
 
 def inject_checks(pair, s, full, spec, ws, cache, timeout) -> list[dict]:
@@ -188,7 +201,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=0.2)
     ap.add_argument("--blocks", type=int, default=0, help="each rank's grid (default: the device's SMs)")
     ap.add_argument("--out", default="reports")
-    ap.add_argument("--time", default="", help="widths to time with cold weights (4 sets), e.g. 1,4,16")
+    ap.add_argument("--time", default="",
+                    help="widths to time with cold weights (the bench's rotating sets), e.g. 1,4,16")
     a = ap.parse_args()
     lo, _, hi = a.widths.partition("-")
     widths = list(range(int(lo), int(hi or lo) + 1)) if "," not in a.widths else [int(x) for x in a.widths.split(",")]
@@ -230,11 +244,10 @@ def main() -> int:
         if timed:
             del full
             cache.clear()
-            wsets = [ws] + [[shard(synthetic(spec, seed=3 + i, device=dev), spec, TP, k, Experts.ALL, device=dev)
-                             for k in range(TP)] for i in (1, 2, 3)]
+            wsets = rotating_sets(spec, ws, dev)
             for s in timed:
                 us = cold_step_us(pair, spec, s, wsets)
-                print(f"   timed w={s}: {us:.1f} us per paired step (4 weight sets, proxy)", flush=True)
+                print(f"   timed w={s}: {us:.1f} us per paired step ({len(wsets)} weight sets, proxy)", flush=True)
                 # a figure, not a check: no "ok", so the verdict counts only what can fail
                 rows.append(dict(check="step time, cold weights (proxy)", width=s, step_us=round(us, 1)))
     finally:
