@@ -87,8 +87,9 @@ class JobOptions:
         return asdict(self)
 
 
-def parse_widths(text: str | None, max_tokens: int) -> list[int]:
-    """'1-4,8,16' -> [1, 2, 3, 4, 8, 16]; 'all' or empty -> 1..max_tokens."""
+def parse_widths(text: str | None, max_tokens: int, option: str = "--widths") -> list[int]:
+    """'1-4,8,16' -> [1, 2, 3, 4, 8, 16]; 'all' or empty -> 1..max_tokens. ``option`` names the
+    flag in the error."""
     if text is None or text.strip() in ("", "all"):
         return list(range(1, max_tokens + 1))
     out: list[int] = []
@@ -96,10 +97,10 @@ def parse_widths(text: str | None, max_tokens: int) -> list[int]:
         item = item.strip()
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
         if not m:
-            raise UsageError(f"--widths {text!r}: {item!r} is not N or N-M (e.g. 1-4,8,16)")
+            raise UsageError(f"{option} {text!r}: {item!r} is not N or N-M (e.g. 1-4,8,16)")
         lo, hi = int(m[1]), int(m[2] or m[1])
         if lo > hi or lo < 1 or hi > max_tokens:
-            raise UsageError(f"--widths {text!r}: {item} outside 1..{max_tokens} (max_tokens of the model)")
+            raise UsageError(f"{option} {text!r}: {item} outside 1..{max_tokens} (max_tokens of the model)")
         out += [w for w in range(lo, hi + 1) if w not in out]
     return sorted(out)
 

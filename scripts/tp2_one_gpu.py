@@ -28,6 +28,8 @@ import pandas as pd
 import torch
 
 from ffnq import reference, report
+from ffnq.errors import UsageError
+from ffnq.launch import parse_widths
 from ffnq.backends import symm
 from ffnq.backends.triton import TritonRunner
 from ffnq.jobs.rank import step_inputs
@@ -204,13 +206,18 @@ def main() -> int:
     ap.add_argument("--time", default="",
                     help="widths to time with cold weights (the bench's rotating sets), e.g. 1,4,16")
     a = ap.parse_args()
-    lo, _, hi = a.widths.partition("-")
-    widths = list(range(int(lo), int(hi or lo) + 1)) if "," not in a.widths else [int(x) for x in a.widths.split(",")]
+    spec = load_model(a.model)
+    # both lists read before any step: a bad --time would otherwise end a whole round of checks
+    try:
+        widths = parse_widths(a.widths, spec.max_tokens)
+        timed = parse_widths(a.time, spec.max_tokens, "--time") if a.time.strip() else []
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     blocks = a.blocks or sms  # two grids of one CTA per SM each: the two CTA slots of every SM
-    spec = load_model(a.model)
     full = synthetic(spec, seed=3, device=dev)
     ws = [shard(full, spec, TP, k, Experts.ALL, device=dev) for k in range(TP)]
     pair = Pair(spec, widths, blocks, a.timeout, dev)
@@ -240,7 +247,6 @@ def main() -> int:
         for s in sorted({widths[0], widths[len(widths) // 2], widths[-1]}):
             rows.append(dict(check="CUDA graph replay", width=s, **graph_check(pair, s, full, spec, ws, cache)))
         rows += inject_checks(pair, 4 if 4 in widths else widths[0], full, spec, ws, cache, a.timeout)
-        timed = [int(x) for x in a.time.split(",") if x.strip()]
         if timed:
             del full
             cache.clear()

@@ -26,6 +26,11 @@ def test_widths_refused_with_the_value(text):
         parse_widths(text, 16)
 
 
+def test_widths_error_names_the_option():
+    with pytest.raises(UsageError, match=r"^--time '1-20': 1-20 outside 1\.\.16"):
+        parse_widths("1-20", 16, "--time")
+
+
 def test_inject_ranks():
     assert parse_inject(["all"], 3) == [0, 1, 2]
     assert parse_inject(["1", "0,1"], 2) == [0, 1]
