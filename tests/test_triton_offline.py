@@ -100,18 +100,21 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # (two tokens: whole K, the model's pick on v25's grid of 396, where 360 items are one round)
     assert [K.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
     assert K.measured("minimax-m2", 1, 1) == {"KS": 2, "CPS": 3, "NS": 3, "SQ": 1}
-    assert K.measured("minimax-m2", 2, 1) == {"X8T": 4} and K.measured("minimax-m2", 2, 2) == {}
+    assert K.measured("minimax-m2", 2, 1) == {"EW": 1, "SPS": 2, "X8T": 4}
+    assert K.measured("minimax-m2", 2, 2) == {"EW": 1, "SPS": 2}
     # v28: items from one counter at TP1's 4-15 tokens (v27's per-stage counters were slower at 3
     # tokens; one counter gains nothing at 1-3); v36: at 16 too (timed in bursts, dev round 99)
     dq = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s))["DQ"] for tp in (1, 2) for s in range(1, 17)}
     assert [s for s in range(1, 17) if dq[1, s]] == list(range(4, 17))
-    assert not any(dq[2, s] for s in range(1, 17))
+    assert [s for s in range(1, 17) if dq[2, s]] == list(range(4, 17))  # v39, in the one-GPU proxy
     # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens (v31: 4-6 and 9-11, dev
-    # rounds 75-77; v37: 7-8 and 12-16, dev round 100); three at 1-3 (three CTAs per SM); TP2 four
+    # rounds 75-77; v37: 7-8 and 12-16, dev round 100); three at 1-3 (three CTAs per SM); TP2 four,
+    # but five / four at 5 and 7-16 (v39: 4 and 6 tokens' builds would take 122 KB, one CTA per SM)
     ns = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
     assert [s for s in range(1, 17) if ns[1, s]["NS"] == 5] == list(range(4, 17))
     assert all(ns[1, s]["NS2"] == 4 for s in range(4, 17)) and ns[1, 3]["NS"] == ns[1, 3]["NS2"] == 3
-    assert all(ns[2, s]["NS"] == ns[2, s]["NS2"] == 4 for s in range(1, 17))
+    five = [5, *range(7, 17)]
+    assert all((ns[2, s]["NS"], ns[2, s]["NS2"]) == ((5, 4) if s in five else (4, 4)) for s in range(1, 17))
     # v38: stage 1's MMA N (x terms x token columns) 16 at TP1's 4-8 tokens (dev round 104), 32 at
     # 9-16; 1-3 tokens 16 (three CTAs per SM); TP2's 7-8 tokens keep four terms over 8 columns
     n = {(tp, s): ns[tp, s]["X8T"] * ns[tp, s]["SQ"] for tp in (1, 2) for s in range(1, 17)}
@@ -208,8 +211,8 @@ def test_x_terms(monkeypatch):
 
 def test_partial_logits_over_live_rows(monkeypatch):
     """PLR: phase A's partial logits as FMAs over the live row tile where it is at most PLR rows
-    (v19: 1-2 tokens; v34: TP1's 3-6 tokens, v35 its 7-16, from configs/triton-measured.toml), a
-    16-row dot elsewhere (TP2 not measured)."""
+    (v19: 1-2 tokens; v34: TP1's 3-6 tokens, v35 its 7-16, v39 TP2's 3-6, from
+    configs/triton-measured.toml), a 16-row dot elsewhere (TP2's 7-16: 16 rows cost 3-4% there)."""
     from ffnq.backends.triton import kernel as K
     spec = load_model("minimax-m2")
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
@@ -218,7 +221,7 @@ def test_partial_logits_over_live_rows(monkeypatch):
         gs = {s: K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for s in range(1, 17)}
         return [s for s, g in gs.items() if g["RT"] <= g["PLR"]]
     assert fma_rows(1) == list(range(1, 17))
-    assert fma_rows(2) == [1, 2]
+    assert fma_rows(2) == list(range(1, 7))
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR@7=4")
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 7))["PLR"] == 4
 
@@ -579,15 +582,16 @@ def test_progressive_sum_counters(monkeypatch):
 
 
 def test_early_weights_default_and_settling(monkeypatch):
-    """EW (v32): TP1 builds read their weights before the PDL wait, TP2's do not unless asked;
-    the runner waits for the stream once per set of weight tensors it has not seen, and a new
+    """EW (v32): TP1 builds read their weights before the PDL wait, TP2's too as
+    configs/triton-measured.toml sets it there (v39), other TPs' not unless asked; the runner waits for the stream once per set of weight tensors it has not seen, and a new
     tensor at a freed one's address is a new set."""
     import torch
     from ffnq.backends.triton import kernel as K
     from ffnq.backends.triton.runner import SettledWeights
     spec = load_model("minimax-m2")
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    assert [K.geometry(offline.build_key(spec, tp, Experts.ALL, 4))["EW"] for tp in (1, 2)] == [True, False]
+    assert [K.geometry(offline.build_key(spec, tp, Experts.ALL, 4))["EW"] for tp in (1, 2, 4)] == [True, True, False]
+    assert K.measured("minimax-m2", 2, 4)["EW"] == 1 and "EW" not in K.measured("minimax-m2", 4, 4)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "EW=0")
     assert not K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))["EW"]
     seen = SettledWeights()
@@ -630,7 +634,8 @@ def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
 
 
 def test_sum_of_each_rows_own_slots_geometry(monkeypatch):
-    """SPS=1 or 2: 2 by default at TP1 (v33), off at TP2; only where phase B picks the rows (the
+    """SPS=1 or 2: 2 by default at TP1 (v33), at TP2 from the measured table (v39), off at other
+    TPs unless asked; only where phase B picks the rows (the
     route is written before barrier 2) and PS is off; an expert -> slot table per CTA in the
     scratch only then; other values refused."""
     from ffnq.backends.triton import kernel as K
@@ -641,8 +646,9 @@ def test_sum_of_each_rows_own_slots_geometry(monkeypatch):
     spec = load_model("minimax-m2")
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     key = offline.build_key(spec, 1, Experts.ALL, 16)
-    key2 = offline.build_key(spec, 2, Experts.ALL, 16)
-    assert K.geometry(key2)["SPS"] == 0 and "inv" not in regions(key2)
+    key2, key4 = (offline.build_key(spec, tp, Experts.ALL, 16) for tp in (2, 4))
+    assert K.geometry(key2)["SPS"] == 2 and "inv" in regions(key2)
+    assert K.geometry(key4)["SPS"] == 0 and "inv" not in regions(key4)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=0")
     assert K.geometry(key)["SPS"] == 0 and "inv" not in regions(key)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")

@@ -1396,8 +1396,8 @@ def _p2(n: int) -> int:
 
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "JB", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "RPG", "RTOP", "SQ",
-                           "X8T"})
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "JB", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "RPG", "RTOP",
+                           "SPS", "SQ", "X8T"})
 
 
 @functools.cache
@@ -1605,7 +1605,7 @@ def geometry(key) -> dict:
     # 8 / 16 tokens; the profile's router done 1.3-1.8 us sooner after the wait. Through the CLI
     # beside v31 (dev round 83, twice): 46.0, 45.9 / 70.3, 70.2 against 46.3, 46.3 / 70.6, 71.4 at
     # 1 / 2 tokens, 3-16 within the spread both ways (8 tokens' gain above did not come back).
-    # TP2, not measured (its builds compile with it: no spills), keeps it off
+    # Other TPs off unless configs/triton-measured.toml sets it (TP2 since v39, in the one-GPU proxy)
     if sq2 not in (4, 8, 16):
         raise ValueError(f"FFNQ_TRITON_TUNE SQ2={sq2}: allowed 4, 8 or 16 (stage 2's least act token columns)")
     # Measured and dropped, their code in the commits named: RS=1 / A8=3, each accumulator kept in
@@ -1641,7 +1641,7 @@ def geometry(key) -> dict:
     # 99.8, 99.9 / 121.0, 121.0 / 180.5, 181.0 / 237.2, 235.6 / 294.4, 293.1; the profile at 16
     # tokens: the sum 1.0-1.3 us (median) against 6.9-7.2, stage 2 done 3-4 us sooner (fewer
     # writes beside the weight stream). SPS=1 (reads only) 101.1, 101.4 at 3 tokens, 289.6, 289.2
-    # at 16. TP2, not measured, keeps it off
+    # at 16. Other TPs off unless configs/triton-measured.toml sets it (TP2 since v39)
     sps = tune.get("SPS", 2 if key.tp == 1 else 0)
     if sps not in (0, 1, 2):
         raise ValueError(f"FFNQ_TRITON_TUNE SPS={sps}: allowed 0 (every slot), 1 (each row's own slots) or 2 "

@@ -1,0 +1,39 @@
+#!/bin/bash
+# TP2's builds side by side on one GPU (no 2-GPU machine lent): [WIDTHS=3-8] scripts/proxy_round.sh VARIANT...
+# where a variant is GRID[:TUNE]: GRID each rank's grid ("default": the device's SMs, one CTA per SM
+# per rank, two per SM as on 2xH200; 198 on an H200: three per SM, as a CPS=3 build), TUNE as
+# FFNQ_TRITON_TUNE (ffnq/backends/triton/tune.py). Per variant, in the order given (list one twice to
+# alternate): scripts/tp2_one_gpu.py's checks at WIDTHS (default 1-16), then those widths' paired step
+# timed with cold weights. The step times are a proxy (two ranks share one HBM and L2, each with twice
+# a real rank's items per CTA): compare variants of one call, never against a 2xH200 figure.
+# Logs in $OUT/proxy.log, report folders in $OUT/proxy-reports.tgz (the device tool brings back 8 files).
+set -o pipefail
+. "$(dirname "$0")/device_env.sh"
+OUT=${OUT:-/tmp/ffnq-out}
+R=$PWD/reports-proxy
+mkdir -p "$OUT" "$R"
+T0=$(date +%s)
+W=${WIDTHS:-1-16}
+{
+nvidia-smi -L
+echo "widths=$W commit=${FFNQ_COMMIT:-?}"
+SMS=$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)')
+grid() { [ "$1" = default ] && echo "$SMS" || echo "$1"; }
+declare -A SEEN  # a variant listed twice is compiled once
+for v in "$@"; do
+  [ -n "${SEEN[$v]}" ] && continue; SEEN[$v]=1
+  b=${v%%:*}; t=$([ "$v" = "$b" ] || echo "${v#*:}")
+  ( export FFNQ_TRITON_TUNE=$t; python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 \
+      --tp 2 --widths "$W" --blocks "$(grid "$b")" --jobs 8 | tail -n 1 ) &
+done
+wait
+echo "=== prewarm done at +$(( $(date +%s) - T0 ))s"
+for v in "$@"; do
+  b=${v%%:*}; export FFNQ_TRITON_TUNE=$([ "$v" = "$b" ] || echo "${v#*:}")
+  echo "=== variant $v at +$(( $(date +%s) - T0 ))s"
+  timeout -k 5 240 python3 scripts/tp2_one_gpu.py --widths "$W" --time "$W" --blocks "$(grid "$b")" --out "$R" 2>&1 \
+    | grep -E "timed|PASS|FAIL|rror|resident|fit"
+  tar czf "$OUT/proxy-reports.tgz" -C "$PWD" reports-proxy  # after each variant: a call cut short keeps them
+done
+echo "proxy round total $(( $(date +%s) - T0 ))s"
+} 2>&1 | tee "$OUT/proxy.log"
