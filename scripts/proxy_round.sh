@@ -6,11 +6,12 @@
 # alternate): scripts/tp2_one_gpu.py's checks at WIDTHS (default 1-16), then those widths' paired step
 # timed with cold weights. The step times are a proxy (two ranks share one HBM and L2, each with twice
 # a real rank's items per CTA): compare variants of one call, never against a 2xH200 figure.
-# Logs in $OUT/proxy.log, report folders in $OUT/proxy-reports.tgz (the device tool brings back 8 files).
+# Logs in $OUT/proxy.log, this call's report folders in $OUT/proxy-reports.tgz (the device tool brings back
+# 8 files).
 set -o pipefail
 . "$(dirname "$0")/device_env.sh"
 OUT=${OUT:-/tmp/ffnq-out}
-R=$PWD/reports-proxy
+R=$PWD/reports-proxy/$(date -u +%Y%m%dT%H%M%S)  # this call's own: two calls in one device command pack apart
 mkdir -p "$OUT" "$R"
 T0=$(date +%s)
 W=${WIDTHS:-1-16}
@@ -33,7 +34,7 @@ for v in "$@"; do
   echo "=== variant $v at +$(( $(date +%s) - T0 ))s"
   timeout -k 5 240 python3 scripts/tp2_one_gpu.py --widths "$W" --time "$W" --blocks "$(grid "$b")" --out "$R" 2>&1 \
     | grep -E "timed|PASS|FAIL|rror|resident|fit"
-  tar czf "$OUT/proxy-reports.tgz" -C "$PWD" reports-proxy  # after each variant: a call cut short keeps them
+  tar czf "$OUT/proxy-reports.tgz" -C "$R" .  # after each variant: a call cut short keeps them
 done
 echo "proxy round total $(( $(date +%s) - T0 ))s"
 } 2>&1 | tee "$OUT/proxy.log"

@@ -78,7 +78,8 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # tile costs more than that (KSFIX, v17): whole K
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 9))["KS"] == 1
     assert [geo[s]["ROWTOP"] for s in (1, 2, 3, 4, 5, 16)] == [False, True, True, True, True, True]
-    assert [geo[s]["SQ"] for s in (1, 4, 6, 7, 8, 16)] == [16, 16, 16, 8, 8, 16]
+    # (v40: four tokens 8 columns, two x terms, as TP1's v38; six keep 16, four terms: two spill)
+    assert [geo[s]["SQ"] for s in (1, 4, 6, 7, 8, 16)] == [16, 8, 16, 8, 8, 16]
     assert [geo[s]["RP"] for s in (1, 2, 4, 16)] == [264, 16, 16, 16]  # at most 16 CTAs per row (v18)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=64")
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["RP"] == 64  # the grid's share
@@ -109,17 +110,19 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert [s for s in range(1, 17) if dq[2, s]] == list(range(4, 17))  # v39, in the one-GPU proxy
     # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens (v31: 4-6 and 9-11, dev
     # rounds 75-77; v37: 7-8 and 12-16, dev round 100); three at 1-3 (three CTAs per SM); TP2 four,
-    # but five / four at 5 and 7-16 (v39: 4 and 6 tokens' builds would take 122 KB, one CTA per SM)
+    # but five / four at 5 and 7-16 (v39; six tokens' build would take 122 KB, one CTA per SM), at
+    # 4 (v40, with 8 x columns: 92 KB) and three at 3 (v40, three CTAs per SM)
     ns = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
     assert [s for s in range(1, 17) if ns[1, s]["NS"] == 5] == list(range(4, 17))
     assert all(ns[1, s]["NS2"] == 4 for s in range(4, 17)) and ns[1, 3]["NS"] == ns[1, 3]["NS2"] == 3
-    five = [5, *range(7, 17)]
-    assert all((ns[2, s]["NS"], ns[2, s]["NS2"]) == ((5, 4) if s in five else (4, 4)) for s in range(1, 17))
+    deep = {3: (3, 3), 6: (4, 4), 1: (4, 4), 2: (4, 4)}
+    assert all((ns[2, s]["NS"], ns[2, s]["NS2"]) == deep.get(s, (5, 4)) for s in range(1, 17))
     # v38: stage 1's MMA N (x terms x token columns) 16 at TP1's 4-8 tokens (dev round 104), 32 at
-    # 9-16; 1-3 tokens 16 (three CTAs per SM); TP2's 7-8 tokens keep four terms over 8 columns
+    # 9-16; 1-3 tokens 16 (three CTAs per SM); TP2's 4-5 and 7-8 tokens too since v40 (device round 82)
     n = {(tp, s): ns[tp, s]["X8T"] * ns[tp, s]["SQ"] for tp in (1, 2) for s in range(1, 17)}
     assert [n[1, s] for s in range(1, 17)] == [16] * 8 + [32] * 8
-    assert (ns[1, 4]["SQ"], ns[1, 7]["X8T"], ns[2, 7]["X8T"], n[2, 7]) == (8, 2, 4, 32)
+    assert (ns[1, 4]["SQ"], ns[1, 7]["X8T"], ns[2, 7]["X8T"], n[2, 7]) == (8, 2, 2, 16)
+    assert [n[2, s] for s in (4, 5, 6, 7, 8)] == [16, 32, 64, 16, 16]  # 5: four terms over 8 columns
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["KS"] == 1
     monkeypatch.setattr(K, "measured_table", lambda: {"tiny": {"tp1": {"w1": {"LL": 0}}}})
@@ -191,7 +194,8 @@ def test_fp8_stage_two_on_nvidia(monkeypatch):
 def test_x_terms(monkeypatch):
     """X8T, x's fp8 terms (v30): two, so stage 1's MMA has half the columns, except where four
     make N = 32 from 8 token columns (7-8 tokens) and at TP2's widths whose two-term builds spill
-    (configs/triton-measured.toml); TP1's 4-8 tokens take two over 8 columns there (v38: N = 16);
+    (configs/triton-measured.toml); TP1's 4-8 tokens (v38) and TP2's 4 and 7-8 (v40) take two over
+    8 columns there (N = 16);
     other values are refused, named."""
     from ffnq.backends.triton import kernel as K
     spec = load_model("minimax-m2")
@@ -201,7 +205,8 @@ def test_x_terms(monkeypatch):
         gs = {s: K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for s in (1, 4, 6, 7, 8, 12, 16)}
         return {s: (g["X8T"], g["SQ"]) for s, g in gs.items()}
     assert terms(1) == {1: (2, 8), 4: (2, 8), 6: (2, 8), 7: (2, 8), 8: (2, 8), 12: (2, 16), 16: (2, 16)}
-    assert terms(2) == {1: (4, 16), 4: (4, 16), 6: (4, 16), 7: (4, 8), 8: (4, 8), 12: (2, 16), 16: (2, 16)}
+    # (v40: TP2's 4 and 7-8 tokens two terms over 8 columns, as TP1's v38, device round 82)
+    assert terms(2) == {1: (4, 16), 4: (2, 8), 6: (4, 16), 7: (2, 8), 8: (2, 8), 12: (2, 16), 16: (2, 16)}
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T@8=2")
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 8))["SQ"] == 8  # 2 terms x 8 columns
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T=3")
@@ -340,7 +345,8 @@ def test_the_grid_follows_the_device(monkeypatch, capsys):
     # v25: TP1 at 1-3 tokens 3 CTAs per SM of whichever device (configs/triton-measured.toml CPS)
     assert [pcie.blocks_for(s, spec, 1) for s in (1, 3, 4)] == [342, 342, 228]
     assert [TritonRunner.blocks_for(s, spec, 1) for s in (1, 2, 3, 4, 16)] == [396, 396, 396, 264, 264]
-    assert [TritonRunner.blocks_for(s, spec, 2) for s in (1, 2, 3)] == [264] * 3  # not measured at TP2
+    # TP2: three per SM at 3 tokens only (v40, in the one-GPU proxy; one token was no faster there)
+    assert [TritonRunner.blocks_for(s, spec, 2) for s in (1, 2, 3, 4)] == [264, 264, 396, 264]
     assert TritonRunner.blocks_for(1, spec, 1, hip=True) == 264  # CDNA keeps its grid
     assert TritonRunner.with_grid(256).blocks_for(1, spec, 1) == 256  # a development grid: every width
     assert [offline.build_key(spec, 1, Experts.ALL, 1, target=t).blocks for t in ("sm_90", "gfx942")] == [396, 264]
