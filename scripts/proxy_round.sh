@@ -5,7 +5,11 @@
 # FFNQ_TRITON_TUNE (ffnq/backends/triton/tune.py). Per variant, in the order given (list one twice to
 # alternate): scripts/tp2_one_gpu.py's checks at WIDTHS (default 1-16), then those widths' paired step
 # timed with cold weights. The step times are a proxy (two ranks share one HBM and L2, each with twice
-# a real rank's items per CTA): compare variants of one call, never against a 2xH200 figure.
+# a real rank's items per CTA): compare variants of one call, never against a 2xH200 figure. Nor is
+# each build the shipped one: at half the grid each CTA holds twice the router's and seam's share, so
+# more registers (TP2's 2-6 tokens spill 4-656 B at a grid of 132, nothing at 264; device round 83).
+# Each timed line names its build's registers and spills: where the proxy's build spills and the
+# shipped one does not (offline --blocks), the comparison times the spill, not the choice.
 # Logs in $OUT/proxy.log, this call's report folders in $OUT/proxy-reports.tgz (the device tool brings back
 # 8 files).
 set -o pipefail

@@ -78,8 +78,8 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # tile costs more than that (KSFIX, v17): whole K
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 9))["KS"] == 1
     assert [geo[s]["ROWTOP"] for s in (1, 2, 3, 4, 5, 16)] == [False, True, True, True, True, True]
-    # (v40: four tokens 8 columns, two x terms, as TP1's v38; six keep 16, four terms: two spill)
-    assert [geo[s]["SQ"] for s in (1, 4, 6, 7, 8, 16)] == [16, 8, 16, 8, 8, 16]
+    # (v40-v41: 1, 4-5 and 7-8 tokens over 8 columns, as TP1's; device rounds 82-83)
+    assert [geo[s]["SQ"] for s in (1, 4, 6, 7, 8, 16)] == [8, 8, 16, 8, 8, 16]
     assert [geo[s]["RP"] for s in (1, 2, 4, 16)] == [264, 16, 16, 16]  # at most 16 CTAs per row (v18)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=64")
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["RP"] == 64  # the grid's share
@@ -101,7 +101,7 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # (two tokens: whole K, the model's pick on v25's grid of 396, where 360 items are one round)
     assert [K.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
     assert K.measured("minimax-m2", 1, 1) == {"KS": 2, "CPS": 3, "NS": 3, "SQ": 1}
-    assert K.measured("minimax-m2", 2, 1) == {"EW": 1, "SPS": 2, "X8T": 4}
+    assert K.measured("minimax-m2", 2, 1) == {"EW": 1, "SPS": 2, "SQ": 1, "X8T": 2}
     assert K.measured("minimax-m2", 2, 2) == {"EW": 1, "SPS": 2}
     # v28: items from one counter at TP1's 4-15 tokens (v27's per-stage counters were slower at 3
     # tokens; one counter gains nothing at 1-3); v36: at 16 too (timed in bursts, dev round 99)
@@ -118,11 +118,11 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     deep = {3: (3, 3), 6: (4, 4), 1: (4, 4), 2: (4, 4)}
     assert all((ns[2, s]["NS"], ns[2, s]["NS2"]) == deep.get(s, (5, 4)) for s in range(1, 17))
     # v38: stage 1's MMA N (x terms x token columns) 16 at TP1's 4-8 tokens (dev round 104), 32 at
-    # 9-16; 1-3 tokens 16 (three CTAs per SM); TP2's 4-5 and 7-8 tokens too since v40 (device round 82)
+    # 9-16; 1-3 tokens 16 (three CTAs per SM); TP2's 1, 4 and 7-8 tokens too (v40-v41, device rounds 82-83)
     n = {(tp, s): ns[tp, s]["X8T"] * ns[tp, s]["SQ"] for tp in (1, 2) for s in range(1, 17)}
     assert [n[1, s] for s in range(1, 17)] == [16] * 8 + [32] * 8
     assert (ns[1, 4]["SQ"], ns[1, 7]["X8T"], ns[2, 7]["X8T"], n[2, 7]) == (8, 2, 2, 16)
-    assert [n[2, s] for s in (4, 5, 6, 7, 8)] == [16, 32, 64, 16, 16]  # 5: four terms over 8 columns
+    assert [n[2, s] for s in (1, 2, 4, 5, 6, 7, 8)] == [16, 32, 16, 32, 64, 16, 16]  # 5: four terms over 8 columns
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
     assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["KS"] == 1
     monkeypatch.setattr(K, "measured_table", lambda: {"tiny": {"tp1": {"w1": {"LL": 0}}}})
@@ -205,8 +205,8 @@ def test_x_terms(monkeypatch):
         gs = {s: K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for s in (1, 4, 6, 7, 8, 12, 16)}
         return {s: (g["X8T"], g["SQ"]) for s, g in gs.items()}
     assert terms(1) == {1: (2, 8), 4: (2, 8), 6: (2, 8), 7: (2, 8), 8: (2, 8), 12: (2, 16), 16: (2, 16)}
-    # (v40: TP2's 4 and 7-8 tokens two terms over 8 columns, as TP1's v38, device round 82)
-    assert terms(2) == {1: (4, 16), 4: (2, 8), 6: (4, 16), 7: (2, 8), 8: (2, 8), 12: (2, 16), 16: (2, 16)}
+    # (v40-v41: TP2's 1, 4 and 7-8 tokens two terms over 8 columns, as TP1's, device rounds 82-83)
+    assert terms(2) == {1: (2, 8), 4: (2, 8), 6: (4, 16), 7: (2, 8), 8: (2, 8), 12: (2, 16), 16: (2, 16)}
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T@8=2")
     assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 8))["SQ"] == 8  # 2 terms x 8 columns
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T=3")
