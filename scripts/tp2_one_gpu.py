@@ -255,11 +255,11 @@ def main() -> int:
                 us = cold_step_us(pair, spec, s, wsets)
                 # the build at this grid, not the shipped grid's: its per-CTA share of the router
                 # and seam grows as the grid shrinks, and with it the registers (TP2's 2-6 tokens
-                # spill 4-656 B at 132 where their builds at 264 spill nothing, device round 83)
-                d = pair.rs[0].describe(s)
+                # spill 4-656 B at 132 where their builds at 264 spill nothing: offline, device round 83)
+                d = pair.rs[0].describe(s)  # (n_spills: Triton's, the local memory in 4-byte words)
                 regs, spills = d.get("n_regs"), d.get("n_spills")
                 print(f"   timed w={s}: {us:.1f} us per paired step ({len(wsets)} weight sets, proxy; "
-                      f"this grid's build: {regs} registers, {spills} B spilled)", flush=True)
+                      f"this grid's build: {regs} registers, {spills} spilled)", flush=True)
                 # a figure, not a check: no "ok", so the verdict counts only what can fail
                 rows.append(dict(check="step time, cold weights (proxy)", width=s, step_us=round(us, 1),
                                  regs=regs, spills=spills))
