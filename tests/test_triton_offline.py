@@ -870,3 +870,23 @@ def test_interpreter_topk_by_sort_matches_max_rounds():
         want = torch.topk(torch.sigmoid(lg) + bias, 8, dim=1).indices
         for r in (0, 2, 3):
             assert set(want[r].tolist()) == set(torch.nonzero(sel1[r]).flatten().tolist()) or seed % 2, (seed, r)
+
+
+def test_warm_table_takes_the_fewer_ctas_of_both_variants(monkeypatch):
+    """`ffnq warm --target`: a job launches the plain and the handshake variant, so a width is as
+    resident as the fewer CTAs per CU of the two (TP2's three tokens at a grid of 198: 168
+    registers, three per SM, against 180, two; device round 84); a failed variant fails the width."""
+    def fake(model, tp, experts, target, widths=None, final=False):
+        assert final == "both"
+        return [dict(width=3, kernel="k3", compile_s=1.0, regs=168, spills=0, ctas_per_cu=3, cus=132, grid=396,
+                     resident=True, final=False),
+                dict(width=3, kernel="k3", compile_s=2.0, regs=180, spills=0, ctas_per_cu=2, cus=132, grid=396,
+                     resident=False, final=True),
+                dict(width=1, kernel="k1", compile_s=1.0, regs=200, spills=0, ctas_per_cu=2, cus=132, grid=264,
+                     resident=True, final=False),
+                dict(width=1, kernel="k1", target="sm_90", error="boom", grid=264, resident=False, final=True)]
+    monkeypatch.setattr(offline, "offline_table", fake)
+    r1, r3 = offline.warm_table("minimax-m2", 2, "all", "sm_90", [1, 3])
+    assert (r3["ctas_per_cu"], r3["resident"], r3["regs"], r3["final_regs"], r3["compile_s"]) == (2, False, 168, 180, 3.0)
+    assert "final_spills" not in r3 and "final" not in r3
+    assert r1["resident"] is False and r1["error"] == "final: boom"

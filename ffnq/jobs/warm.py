@@ -83,7 +83,8 @@ def offline(backend: str, runner: str | None, model: str, tp: int, experts: str,
     ws = parse_widths(widths, spec.max_tokens)
     try:
         mod = importlib.import_module(f"ffnq.backends.{be}.offline")
-        table = mod.offline_table(spec, tp, mode, target, ws)
+        # (triton: both variants a job launches, folded; flydsl builds one)
+        table = getattr(mod, "warm_table", mod.offline_table)(spec, tp, mode, target, ws)
     except (ImportError, AttributeError) as e:
         raise UsageError(f"offline residency for {be}/{target} not available: {e}") from None
     df = table if isinstance(table, pd.DataFrame) else pd.DataFrame(list(table))
@@ -102,7 +103,9 @@ def shape(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in df.to_dict("records"):
         extra = {k: v for k, v in r.items() if k not in keep and v is not None and v == v}
-        r["resources"] = ", ".join(f"{k}={v}" for k, v in extra.items())
+        # (a column only some rows have comes back from pandas as floats: 225.0)
+        r["resources"] = ", ".join(f"{k}={int(v) if isinstance(v, float) and v.is_integer() else v}"
+                                   for k, v in extra.items())
         rows.append(r)
     out = pd.DataFrame(rows)
     has_err = "error" in out and out.error.fillna("").astype(str).str.len().any()

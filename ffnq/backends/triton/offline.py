@@ -184,7 +184,33 @@ def _row_job(args):
         return row
     except Exception as e:  # noqa: BLE001 - one failed width is a row, not a crash
         return {"width": tokens, "kernel": kernel_name(key), "target": target, "error": f"{type(e).__name__}: {e}"[:500],
-                "grid": key.blocks, "resident": False}
+                "grid": key.blocks, "resident": False, "final": final}
+
+
+def warm_table(model: ModelSpec | str, tp: int, experts: Experts | str, target: str, widths=None) -> list[dict]:
+    """``ffnq warm --target``'s rows: both variants of each width compiled, folded into one row.
+    A job launches both (the last layer's step takes the handshake variant), so a width is as
+    resident as the fewer CTAs per CU of the two; the row keeps the plain build's resources and
+    names the handshake build's registers and spills where they differ (TP2's three tokens at a
+    grid of 198: 180 registers against 168, two CTAs per SM against three; device round 84)."""
+    rows = offline_table(model, tp, experts, target, widths, final="both")
+    plain = {r["width"]: r for r in rows if not r.get("final")}
+    for f in (r for r in rows if r.get("final")):
+        p = plain[f["width"]]
+        if f.get("error"):
+            p["error"] = "; ".join(x for x in (p.get("error"), f"final: {f['error']}") if x)
+            p["resident"] = False
+            continue
+        for k in ("regs", "vgpr", "spills"):
+            if k in f and f[k] != p.get(k):
+                p[f"final_{k}"] = f[k]
+        if "ctas_per_cu" in p:
+            p["ctas_per_cu"] = min(p["ctas_per_cu"], f["ctas_per_cu"])
+        p["resident"] = bool(p.get("resident")) and bool(f.get("resident"))
+        p["compile_s"] = round(p.get("compile_s", 0) + f.get("compile_s", 0), 2)
+    for p in plain.values():
+        p.pop("final", None)
+    return [plain[w] for w in sorted(plain)]
 
 
 def offline_table(model: ModelSpec | str, tp: int, experts: Experts | str, target: str, widths=None,
