@@ -16,7 +16,11 @@ Writes <out>/<stamp>-tp2-on-one-gpu-triton-tp2/ (results.csv, summary.md); exit 
 ``--time``: those widths' paired step timed as the bench times a width (a CUDA graph of one step
 on each of the bench's weight sets, so the experts come from HBM; the median of 200 replays).
 Both ranks still share one GPU: a figure to compare build choices side by side in one call,
-not a TP2 time.
+not a TP2 time. Nor are the builds the shipped ones: at half the grid each CTA holds twice the
+router's and seam's share, and the builds take more registers (TP2's 2-6 tokens spill at 132,
+not at 264), so each timed line names its build's registers and spills. The grids must be
+resident together, both variants (plain and handshake) counted: a pair that does not fit is
+refused before any step.
 """
 from __future__ import annotations
 
