@@ -9,6 +9,7 @@
 # bench widths.
 set -o pipefail
 . "$(dirname "$0")/device_env.sh"
+. "$(dirname "$0")/variant.sh"
 OUT=${OUT:-/tmp/ffnq-out}
 R=$PWD/reports-dev
 mkdir -p "$OUT" "$R"
@@ -25,7 +26,7 @@ echo "tp=$TP tune=${FFNQ_TRITON_TUNE:-default} commit=${FFNQ_COMMIT:-?}"
 declare -A SEEN  # a variant listed twice (alternating runs) is compiled once
 for v in "$@"; do
   [ -n "${SEEN[$v]}" ] && continue; SEEN[$v]=1
-  b=${v%%:*}; t=$([ "$v" = "$b" ] || echo "${v#*:}")
+  b=$(variant_base "$v"); t=$(variant_tune "$v")
   B=$([ "$b" = default ] || echo "--blocks $b")
   ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --jobs 8 | tail -n 3 ) &
   ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --timeline --widths 1,4,16 --jobs 4 | tail -n 1 ) &
@@ -33,7 +34,7 @@ done
 wait
 echo "=== prewarm done at +$(( $(date +%s) - T0 ))s"
 for v in "$@"; do
-  b=${v%%:*}; export FFNQ_TRITON_TUNE=$([ "$v" = "$b" ] || echo "${v#*:}")
+  b=$(variant_base "$v"); export FFNQ_TRITON_TUNE=$(variant_tune "$v")
   echo "=== variant $v check+profile at +$(( $(date +%s) - T0 ))s"
   B=$([ "$b" = default ] || echo "--blocks $b")
   # the whole check in its own file (a tail of a killed run keeps only torchrun's traceback)

@@ -14,6 +14,7 @@
 # 8 files).
 set -o pipefail
 . "$(dirname "$0")/device_env.sh"
+. "$(dirname "$0")/variant.sh"
 OUT=${OUT:-/tmp/ffnq-out}
 R=$PWD/reports-proxy/$(date -u +%Y%m%dT%H%M%S)  # this call's own: two calls in one device command pack apart
 mkdir -p "$OUT" "$R"
@@ -27,14 +28,14 @@ grid() { [ "$1" = default ] && echo "$SMS" || echo "$1"; }
 declare -A SEEN  # a variant listed twice is compiled once
 for v in "$@"; do
   [ -n "${SEEN[$v]}" ] && continue; SEEN[$v]=1
-  b=${v%%:*}; t=$([ "$v" = "$b" ] || echo "${v#*:}")
+  b=$(variant_base "$v"); t=$(variant_tune "$v")
   ( export FFNQ_TRITON_TUNE=$t; python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 \
       --tp 2 --widths "$W" --blocks "$(grid "$b")" --jobs 8 | tail -n 1 ) &
 done
 wait
 echo "=== prewarm done at +$(( $(date +%s) - T0 ))s"
 for v in "$@"; do
-  b=${v%%:*}; export FFNQ_TRITON_TUNE=$([ "$v" = "$b" ] || echo "${v#*:}")
+  b=$(variant_base "$v"); export FFNQ_TRITON_TUNE=$(variant_tune "$v")
   echo "=== variant $v at +$(( $(date +%s) - T0 ))s"
   timeout -k 5 240 python3 scripts/tp2_one_gpu.py --widths "$W" --time "$W" --blocks "$(grid "$b")" --out "$R" 2>&1 \
     | grep -E "timed|PASS|FAIL|rror|resident|fit"

@@ -2,8 +2,9 @@
 device's CTA slots (132 CTAs on an H200), launched on two streams so the two grids are resident
 together; the peer buffers are two buffers of the same GPU. Where no two-GPU machine is lent this
 is the only way to run the TP2 builds (the seam and reduce exchanges, the handshake, the fault
-protocol) on hardware. It checks correctness, not speed: two ranks share one HBM and one L2, each
-on half the SMs, and the links are local stores, so its step time says nothing of 2xH200.
+protocol) on hardware. It checks correctness; its step times (``--time``) only compare builds
+side by side: two ranks share one HBM and one L2, each on half the SMs, and the links are local
+stores, so they say nothing of 2xH200.
 
     python scripts/tp2_one_gpu.py [--widths 1-16] [--timeout 0.2] [--out reports] [--time 1,4,16]
 
@@ -32,13 +33,13 @@ import pandas as pd
 import torch
 
 from ffnq import reference, report
-from ffnq.errors import UsageError
-from ffnq.launch import parse_widths
 from ffnq.backends import symm
 from ffnq.backends.triton import TritonRunner
-from ffnq.jobs.rank import step_inputs
-from ffnq.spec import Experts, load_model
+from ffnq.errors import UsageError
 from ffnq.jobs.bench import ROTATE_SETS_GPU
+from ffnq.jobs.rank import step_inputs
+from ffnq.launch import parse_widths
+from ffnq.spec import Experts, load_model
 from ffnq.timing import StepTimer, quantiles_us
 from ffnq.weights import shard, synthetic
 
