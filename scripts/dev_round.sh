@@ -6,7 +6,7 @@
 # widths 1,2,4,8,16 (cold weights, floor and baselines in the same run). FFNQ_TRITON_TUNE (see
 # ffnq/backends/triton/tune.py) passes through. Logs in $OUT/dev.log, bench reports in $OUT/dev-reports.tgz
 # (not reports.tgz: gpu_round.sh writes that one, and a call may run both). WIDTHS overrides the
-# bench widths.
+# bench widths, PROFILE the profiled ones.
 set -o pipefail
 . "$(dirname "$0")/device_env.sh"
 . "$(dirname "$0")/variant.sh"
@@ -29,7 +29,7 @@ for v in "$@"; do
   b=$(variant_base "$v"); t=$(variant_tune "$v")
   B=$([ "$b" = default ] || echo "--blocks $b")
   ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --jobs 8 | tail -n 3 ) &
-  ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --timeline --widths 1,4,16 --jobs 4 | tail -n 1 ) &
+  ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --timeline --widths ${PROFILE:-1,4,16} --jobs 4 | tail -n 1 ) &
 done
 wait
 echo "=== prewarm done at +$(( $(date +%s) - T0 ))s"
@@ -38,7 +38,7 @@ for v in "$@"; do
   echo "=== variant $v check+profile at +$(( $(date +%s) - T0 ))s"
   B=$([ "$b" = default ] || echo "--blocks $b")
   # the whole check in its own file (a tail of a killed run keeps only torchrun's traceback)
-  timeout -k 5 150 $RUN scripts/triton_device.py --models minimax-m2 --bench "" --profile 1,4,16 $B 2>&1 \
+  timeout -k 5 150 $RUN scripts/triton_device.py --models minimax-m2 --bench "" --profile ${PROFILE:-1,4,16} $B 2>&1 \
     | grep -v "^\s*$" | tee "$OUT/$(log_name "$v")" | tail -n 30
   [ "$b" = default ] && RN="--backend triton" || RN="--runner scripts.dev_runners:Triton$b"
   echo "=== variant $v bench at +$(( $(date +%s) - T0 ))s"

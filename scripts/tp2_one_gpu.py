@@ -211,9 +211,9 @@ def main() -> int:
     ap.add_argument("--time", default="",
                     help="widths to time with cold weights (the bench's rotating sets), e.g. 1,4,16")
     a = ap.parse_args()
-    spec = load_model(a.model)
-    # both lists read before any step: a bad --time would otherwise end a whole round of checks
+    # the model and both lists read before any step: a bad --time would otherwise end a whole round of checks
     try:
+        spec = load_model(a.model)
         widths = parse_widths(a.widths, spec.max_tokens)
         timed = parse_widths(a.time, spec.max_tokens, "--time") if a.time.strip() else []
     except UsageError as e:

@@ -1,4 +1,4 @@
-"""scripts/tp2_one_gpu.py: its width lists are read before any GPU work, a bad one named, exit 2."""
+"""scripts/tp2_one_gpu.py: its model and width lists are read before any GPU work, a bad one named, exit 2."""
 import os
 import subprocess
 import sys
@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
     # device round 80's first call: `--time 1-16` was read only after every check had run
     (["--time", "1-20"], "error: --time '1-20': 1-20 outside 1..16"),
     (["--time", "x"], "error: --time 'x': 'x' is not N or N-M"),
-    (["--widths", "0"], "error: --widths '0': 0 outside 1..16")])
+    (["--widths", "0"], "error: --widths '0': 0 outside 1..16"),
+    (["--model", "nosuch"], "error: model 'nosuch': no such file; known models:")])
 def test_bad_widths_named_before_any_step(args, message, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "tp2_one_gpu.py"), *args, "--out", str(tmp_path / "r")],
                        cwd=ROOT, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)}, timeout=120)
