@@ -1396,8 +1396,8 @@ def _p2(n: int) -> int:
 
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "JB", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "RPG", "RTOP",
-                           "SPS", "SQ", "X8T"})
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "RPG",
+                           "RTOP", "SPS", "SQ", "X8T"})
 
 
 @functools.cache
@@ -1549,7 +1549,9 @@ def geometry(key) -> dict:
     # KH: stage-2 items in KH parts of I_R (whole 128-wide scale blocks), each its own partial.
     # Measured, not adopted (dev round 52, TP1, KH=2: 53.8 / 85.1 / 141.6 against 47.8 / 79.9 /
     # 137.3 us at 1 / 2 / 4 tokens): an item took half the time (4.9 against 8.5 us at one token)
-    # but stage 2 after stage 1's end grew from 9.5 to 14.3 us, and the sum read twice the parts
+    # but stage 2 after stage 1's end grew from 9.5 to 14.3 us, and the sum read twice the parts.
+    # v42: TP1's four tokens take it (configs/triton-measured.toml: the tail of its last round
+    # halves; at 5-16 tokens the items' own cost outweighs that, dev rounds 109-110)
     kh = tune.get("KH", 1)
     if i_r and (i_r // 128) % kh:
         raise ValueError(f"FFNQ_TRITON_TUNE KH={kh}: must divide the {i_r // 128} K blocks of I_R")
