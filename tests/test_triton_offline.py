@@ -104,9 +104,12 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert K.measured("minimax-m2", 2, 1) == {"EW": 1, "SPS": 2, "SQ": 1, "X8T": 2}
     assert K.measured("minimax-m2", 2, 2) == {"EW": 1, "SPS": 2}
     # v28: items from one counter at TP1's 4-15 tokens (v27's per-stage counters were slower at 3
-    # tokens; one counter gains nothing at 1-3); v36: at 16 too (timed in bursts, dev round 99)
-    dq = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s))["DQ"] for tp in (1, 2) for s in range(1, 17)}
-    assert [s for s in range(1, 17) if dq[1, s]] == list(range(4, 17))
+    # tokens; one counter gains nothing at 1-3); v36: at 16 too (timed in bursts, dev round 99);
+    # v43: at 3 with stage-2 items in two halves of I (KH, v42 at 4: dev rounds 109-112)
+    geo = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
+    dq = {k: g["DQ"] for k, g in geo.items()}
+    assert [s for s in range(1, 17) if dq[1, s]] == list(range(3, 17))
+    assert [s for (tp, s), g in geo.items() if g["KH"] != 1] == [3, 4]
     assert [s for s in range(1, 17) if dq[2, s]] == list(range(4, 17))  # v39, in the one-GPU proxy
     # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens (v31: 4-6 and 9-11, dev
     # rounds 75-77; v37: 7-8 and 12-16, dev round 100); three at 1-3 (three CTAs per SM); TP2 four,
@@ -271,6 +274,24 @@ def test_partial_logits_over_sixteen_rows_stay_fp32(monkeypatch):
     assert row["spills"] == 0 and row["resident"] is True
 
 
+def test_a_measured_register_cap(monkeypatch):
+    """R in a row of configs/triton-measured.toml caps that width's registers on NVIDIA (v43: TP1's
+    three tokens at 168, so three CTAs per SM fit); FFNQ_TRITON_TUNE's R<w> or R@w is over it."""
+    from ffnq.backends.triton import kernel as K
+    spec = load_model("minimax-m2")
+
+    def opts(s, hip=False):
+        key = offline.build_key(spec, 1, Experts.ALL, s)
+        return K.launch_options(offline.constexprs_for(key, hip), key)
+
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
+    assert opts(3)["maxnreg"] == 168 and "maxnreg" not in opts(4) and "maxnreg" not in opts(3, hip=True)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "R3=200,R@4=160")
+    assert opts(3)["maxnreg"] == 200 and opts(4)["maxnreg"] == 160 and "maxnreg" not in opts(5)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "R=150")
+    assert opts(3)["maxnreg"] == opts(5)["maxnreg"] == 150
+
+
 def test_launch_and_sync_choices(monkeypatch):
     """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
     with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;
@@ -284,23 +305,26 @@ def test_launch_and_sync_choices(monkeypatch):
     def cx(s, hip=False, interp=False, blocks=None):
         return offline.constexprs_for(offline.build_key(spec, 2, Experts.ALL, s, blocks=blocks), hip, interp)
 
+    def opts(c):
+        return K.launch_options(c, offline.build_key(spec, 2, Experts.ALL, c["S"]))
+
     cuda = cx(1)
     assert cuda["PDL"] and cuda["FENCE"] and cuda["SORT"] and cuda["LL"] and cuda["CHK"] == 8
     # v19: the seam's reads before the push, its partial logits over the live rows at 1-2 tokens
     assert cuda["PRE"] and cuda["PLR"] == 2
     assert cx(1, interp=True)["LL"] and not cx(1, hip=True)["LL"]
-    assert K.launch_options(cuda) == {"launch_cooperative_grid": True, "launch_pdl": True}
+    assert opts(cuda) == {"launch_cooperative_grid": True, "launch_pdl": True}
     for c in (cx(1, hip=True), cx(1, interp=True)):
         assert not c["PDL"] and not c["FENCE"]
-        assert K.launch_options(c) == {"launch_cooperative_grid": True}
+        assert opts(c) == {"launch_cooperative_grid": True}
     assert [cx(s)["BH"] for s in (1, 2, 3, 16)] == [64, 64, 128, 128]
     # development keys: a width's own grid (the grid barrier counts each launch from 0, so grids
     # may differ) sizes the peer buffer's flags for the largest grid; R1 caps width 1's registers
     from ffnq.backends.triton import TritonRunner
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "G1=528,R1=128")
     assert (TritonRunner.blocks_for(1), TritonRunner.blocks_for(2), TritonRunner.flag_blocks()) == (528, 264, 528)
-    assert K.launch_options(cx(1))["maxnreg"] == 128 and "maxnreg" not in K.launch_options(cx(2))
-    assert "maxnreg" not in K.launch_options(cx(1, hip=True))
+    assert opts(cx(1))["maxnreg"] == 128 and "maxnreg" not in opts(cx(2))
+    assert "maxnreg" not in opts(cx(1, hip=True))
     big = TritonRunner.peer_bytes(spec, 2)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     # the flags of 528 CTAs, not 396 (3 per SM: the measured table's largest grid, v25)
@@ -309,14 +333,14 @@ def test_launch_and_sync_choices(monkeypatch):
     v14 = cx(1)
     assert not (v14["PDL"] or v14["FENCE"] or v14["SORT"] or v14["LL"] or v14["PRE"] or v14["PLR"])
     assert (v14["CHK"], v14["BH"]) == (1, 128)
-    assert K.launch_options(v14) == {"launch_cooperative_grid": True}
+    assert opts(v14) == {"launch_cooperative_grid": True}
     # SOLO (v22): TP1 without its exchanges (the identity there); a TP2 build keeps them
     def tp1(hip=False):
         return offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, 1), hip)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     assert tp1()["SOLO"] and tp1(hip=True)["SOLO"] and not cuda["SOLO"]
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "SOLO=0,COOP=0")
-    assert not tp1()["SOLO"] and K.launch_options(cx(1))["launch_cooperative_grid"] is False
+    assert not tp1()["SOLO"] and opts(cx(1))["launch_cooperative_grid"] is False
     # FR=n: TP1 up to n tokens reads whole rows for its logits, one barrier, no per-row pick;
     # never at TP2 (a CTA there holds only its chunk of the all-reduced rows)
     w2 = offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, 2), False)
@@ -381,13 +405,15 @@ def test_offline_build_is_the_launch_build(tune, blocks, monkeypatch):
     spec = load_model("minimax-m2")
     cls = TritonRunner.with_grid(blocks)
     pb = cls.open_peers(spec, 1, 0, "cpu", "t")
-    r = cls(1, 0, pb.sym, pb.peers, "cpu", widths=[1, 2], model=spec)
-    for s in (1, 2):
+    r = cls(1, 0, pb.sym, pb.peers, "cpu", widths=[1, 2, 3], model=spec)
+    for s in (1, 2, 3):
         key = offline.build_key(spec, 1, Experts.ALL, s, blocks=blocks, timeout_ns=r.keys[s].timeout_ns)
         assert key == r.keys[s]
         for final in (False, True):
             cx = offline.constexprs_for(key, False, interp=True, final=final)
-            assert cx == r._cx[(s, final)] and K.launch_options(cx) == r._opts[(s, final)]
+            assert cx == r._cx[(s, final)] and K.launch_options(cx, key) == r._opts[(s, final)]
+    # three tokens' measured register cap (v43) reaches the launch as the prewarm's
+    assert r._opts[(3, False)]["maxnreg"] == 168
     # (396 without a grid of its own: TP1 one token is 3 CTAs per SM, configs/triton-measured.toml)
     assert r.keys[1].blocks == (blocks if blocks and "G1" not in tune else 396)
     assert r.keys[2].flags == r.keys[1].flags == max(r.keys[1].blocks, r.keys[2].blocks)

@@ -1395,9 +1395,10 @@ def _p2(n: int) -> int:
 
 
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
-# (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "RPG",
-                           "RTOP", "SPS", "SQ", "X8T"})
+# (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for;
+# R: the width's register cap on NVIDIA, launch_options)
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "R",
+                           "RPG", "RTOP", "SPS", "SQ", "X8T"})
 
 
 @functools.cache
@@ -1550,8 +1551,8 @@ def geometry(key) -> dict:
     # Measured, not adopted (dev round 52, TP1, KH=2: 53.8 / 85.1 / 141.6 against 47.8 / 79.9 /
     # 137.3 us at 1 / 2 / 4 tokens): an item took half the time (4.9 against 8.5 us at one token)
     # but stage 2 after stage 1's end grew from 9.5 to 14.3 us, and the sum read twice the parts.
-    # v42: TP1's four tokens take it (configs/triton-measured.toml: the tail of its last round
-    # halves; at 5-16 tokens the items' own cost outweighs that, dev rounds 109-110)
+    # v42-v43: TP1's three and four tokens take it (configs/triton-measured.toml: the tail of the
+    # last round halves; at 2 and 5-16 tokens the items' own cost outweighs that, dev rounds 109-112)
     kh = tune.get("KH", 1)
     if i_r and (i_r // 128) % kh:
         raise ValueError(f"FFNQ_TRITON_TUNE KH={kh}: must divide the {i_r // 128} K blocks of I_R")
@@ -1724,16 +1725,21 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
     return g
 
 
-def launch_options(cx: dict) -> dict:
-    """The launch options of a build with constexprs ``cx`` (part of the compiled variant; the
-    HIP backend knows no launch_pdl, so it is named only where asked for). FFNQ_TRITON_TUNE
-    "R1=168": at most 168 registers per thread at width 1 (ptxas's maxnreg, NVIDIA only), so
-    that 3 CTAs of 128 threads fit an SM's 64K registers (with a grid of 3 x SMs, "G1=396")."""
+def launch_options(cx: dict, key) -> dict:
+    """The launch options of build ``key`` with constexprs ``cx`` (part of the compiled variant;
+    the HIP backend knows no launch_pdl, so it is named only where asked for). A register cap
+    (ptxas's maxnreg, NVIDIA only): the width's R (configs/triton-measured.toml's row, or
+    FFNQ_TRITON_TUNE "R=n" / "R@w=n"), or FFNQ_TRITON_TUNE "R1=168" (at most 168 registers per
+    thread at width 1, so that 3 CTAs of 128 threads fit an SM's 64K registers, with a grid of
+    3 x SMs, "G1=396") over it."""
     tune = read_tune()
     # COOP=0 (development): a plain launch, the grid's residency left to warm's check
     opts = dict(launch_cooperative_grid=bool(tune.get("COOP", 1)), **({"launch_pdl": True} if cx.get("PDL") else {}))
-    regs = None if cx.get("IS_HIP") else tune.get(f"R{cx.get('S')}")
-    return dict(opts, maxnreg=regs) if regs else opts
+    regs = tune.get(f"R{key.tokens}")
+    if regs is None:
+        tune = {**measured(key.model.name, key.tp, key.tokens), **read_tune(key.tokens)}
+        regs = tune.get("R")
+    return dict(opts, maxnreg=regs) if regs and not cx.get("IS_HIP") else opts
 
 
 def signature(fp8: str = "fp8e4nv") -> dict:

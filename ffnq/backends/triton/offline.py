@@ -86,7 +86,7 @@ def compile_key(key: FfnBuild, target: str, stage: int = 0, final: bool = False)
     backend = make_backend(tgt)
     fn = K.ffn_kernel
     cx = constexprs_for(key, tgt.backend == "hip", stage=stage, final=final)
-    kwargs = dict(cx, num_warps=NUM_WARPS, num_stages=NUM_STAGES, **K.launch_options(cx))
+    kwargs = dict(cx, num_warps=NUM_WARPS, num_stages=NUM_STAGES, **K.launch_options(cx, key))
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     binder = create_function_from_signature(fn.signature, fn.params, backend)

@@ -140,7 +140,7 @@ class TritonRunner(Runner):
         self._cx = {(s, f): K.constexprs(k, self.layouts[s], self.peer_regions, self.is_hip, self.interp, final=f)
                     for s, k in self.keys.items() for f in (False, True)}
         # launch options once per build, not per launch (R<width> parses FFNQ_TRITON_TUNE)
-        self._opts = {sf: K.launch_options(cx) for sf, cx in self._cx.items()}
+        self._opts = {sf: K.launch_options(cx, self.keys[sf[0]]) for sf, cx in self._cx.items()}
         self._info: dict[int, dict] = {}
         self._dummy = {}
         self._settled = SettledWeights()
