@@ -1447,6 +1447,11 @@ def most_measured(name: str, default: int) -> int:
     return max([default, *(int(r[name]) for r in rows if name in r)])
 
 
+def choices(key) -> dict:
+    """One build's choices: its row of configs/triton-measured.toml, FFNQ_TRITON_TUNE over it."""
+    return {**measured(key.model.name, key.tp, key.tokens), **read_tune(key.tokens)}
+
+
 def geometry(key) -> dict:
     """Tile sizes and chunking of one build (an spec.FfnBuild)."""
     m, blocks = key.model, key.blocks
@@ -1462,7 +1467,7 @@ def geometry(key) -> dict:
     epc = -(-E // blocks)
     epcp2 = _p2(epc)
     nslot = min(key.tokens * m.top_k, nloc) if mode != "none" else 0
-    tune = {**measured(m.name, key.tp, key.tokens), **read_tune(key.tokens)}
+    tune = choices(key)
     # stage-1 tile rows: 64 gate + 64 up rows of one expert (the M of an sm_90 warp-group MMA)
     bn = tune.get("BN", 64)
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
@@ -1737,7 +1742,7 @@ def launch_options(cx: dict, key) -> dict:
     opts = dict(launch_cooperative_grid=bool(tune.get("COOP", 1)), **({"launch_pdl": True} if cx.get("PDL") else {}))
     regs = tune.get(f"R{key.tokens}")
     if regs is None:
-        tune = {**measured(key.model.name, key.tp, key.tokens), **read_tune(key.tokens)}
+        tune = choices(key)
         regs = tune.get("R")
     return dict(opts, maxnreg=regs) if regs and not cx.get("IS_HIP") else opts
 
