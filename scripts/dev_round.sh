@@ -18,6 +18,7 @@ T0=$(date +%s)
 # over a file name's 255), with a hash of the whole so two long variants keep two logs
 log_name() { local n=${1//[^A-Za-z0-9]/_}; echo "check-${n:0:60}-$(echo -n "$1" | md5sum | cut -c1-8).log"; }
 TP=${TP:-2}
+PROFILE=${PROFILE:-1,4,16}  # the widths profiled: their timeline builds are prewarmed too
 RUN="python3 -m torch.distributed.run --standalone --nproc-per-node $TP"
 PRE="python3 -m ffnq.backends.triton.offline --target sm_90 --model minimax-m2 --tp $TP"
 {
@@ -29,7 +30,7 @@ for v in "$@"; do
   b=$(variant_base "$v"); t=$(variant_tune "$v")
   B=$([ "$b" = default ] || echo "--blocks $b")
   ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --jobs 8 | tail -n 3 ) &
-  ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --timeline --widths ${PROFILE:-1,4,16} --jobs 4 | tail -n 1 ) &
+  ( export FFNQ_TRITON_TUNE=$t; $PRE --final both $B --timeline --widths $PROFILE --jobs 4 | tail -n 1 ) &
 done
 wait
 echo "=== prewarm done at +$(( $(date +%s) - T0 ))s"
@@ -38,7 +39,7 @@ for v in "$@"; do
   echo "=== variant $v check+profile at +$(( $(date +%s) - T0 ))s"
   B=$([ "$b" = default ] || echo "--blocks $b")
   # the whole check in its own file (a tail of a killed run keeps only torchrun's traceback)
-  timeout -k 5 150 $RUN scripts/triton_device.py --models minimax-m2 --bench "" --profile ${PROFILE:-1,4,16} $B 2>&1 \
+  timeout -k 5 150 $RUN scripts/triton_device.py --models minimax-m2 --bench "" --profile $PROFILE $B 2>&1 \
     | grep -v "^\s*$" | tee "$OUT/$(log_name "$v")" | tail -n 30
   [ "$b" = default ] && RN="--backend triton" || RN="--runner scripts.dev_runners:Triton$b"
   echo "=== variant $v bench at +$(( $(date +%s) - T0 ))s"
