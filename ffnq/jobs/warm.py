@@ -83,8 +83,7 @@ def offline(backend: str, runner: str | None, model: str, tp: int, experts: str,
     ws = parse_widths(widths, spec.max_tokens)
     try:
         mod = importlib.import_module(f"ffnq.backends.{be}.offline")
-        # (triton: both variants a job launches, folded; flydsl builds one)
-        table = getattr(mod, "warm_table", mod.offline_table)(spec, tp, mode, target, ws)
+        table = mod.warm_table(spec, tp, mode, target, ws)
     except (ImportError, AttributeError) as e:
         raise UsageError(f"offline residency for {be}/{target} not available: {e}") from None
     df = table if isinstance(table, pd.DataFrame) else pd.DataFrame(list(table))

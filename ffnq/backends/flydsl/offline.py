@@ -373,6 +373,12 @@ def offline_table(model, tp, experts, target, widths=None, *, cus: int | None = 
         return [_row_job(j) for j in todo]
 
 
+def warm_table(model, tp, experts, target, widths=None) -> list[dict]:
+    """``ffnq warm --target``'s rows: a FlyDSL width is one build (the last layer's handshake is a
+    runtime argument, ``final``, not a second variant as in Triton), so its offline table."""
+    return offline_table(model, tp, experts, target, widths)
+
+
 def main(argv=None) -> int:
     import argparse
     import json
