@@ -187,6 +187,9 @@ def test_fp8_stage_two_on_nvidia(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=2")
     with pytest.raises(ValueError, match=r"DQ=2: allowed 0 \(every BLOCKS-th item\) or 1"):
         K.geometry(keys[1])
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "HP=4")
+    with pytest.raises(ValueError, match=r"HP=4: allowed 0 \(off\), 1 \(stage 2\), 2 \(stage 1\) or 3"):
+        K.geometry(keys[1])
     # DQ carries each CTA's claimed stage-2 item between staged launches: a second meta word per CTA
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=1")
     assert scratch_layout(keys[8], K.scratch_extra(keys[8]))["meta"].nbytes == 2 * 4 * keys[8].blocks
@@ -505,7 +508,8 @@ def _claims_and_items(r, S: int) -> tuple[int, list]:
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "A8T=4", "DQ=1"])
+@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "A8T=4", "DQ=1",
+                                  "HP=3", "HP=3,A8=0,DQ=1"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
@@ -514,8 +518,9 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     that TP1 skips by default (SOLO=0: they are the identity there, v22), with each stage-2
     item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
     default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), on
-    four act terms (A8T=4), and with a CTA's items after its first from one counter (DQ=1,
-    TP1's 4-16 tokens)."""
+    four act terms (A8T=4), with a CTA's items after its first from one counter (DQ=1,
+    TP1's 4-16 tokens), and with each stage-2 item's header read at the end of the item before
+    (HP=3: both stages), on the fp8 act and on the fp16 one."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -566,23 +571,25 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-def test_interpreter_items_taken_from_counters(monkeypatch):
+@pytest.mark.parametrize("tune", ["DQ=1,KS=2", "DQ=1,KS=2,HP=3"])
+def test_interpreter_items_taken_from_counters(tune, monkeypatch):
     """DQ=1 (TP1's 4-16 tokens, configs/triton-measured.toml): after its first item a CTA takes
     the next ticket of one counter for both stages, not every BLOCKS-th item; its first stage-2
     item is the one its last stage-1 claim took (carried from the stage-1 launch to the stage-2
     launch here). The interpreter runs CTAs one after another, so on a grid of 7 CTA 0 takes
     every ticket after the first round: each item must still run exactly once (the counter ends
-    at the items' count) and the step match the reference, split K's fix-up included."""
+    at the items' count) and the step match the reference, split K's fix-up included; also
+    with each item's successor and header taken at the end of the item before (HP=3)."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import kernel as K
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=1,KS=2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     S = 3
     slots = torch.tensor([0, -1, 2])
     r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), slots, 4, 6)
     g = K.geometry(r.keys[S])
-    assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7
+    assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7 and g["HP"] == (3 if "HP" in tune else 0)
     q, (n1, n2) = _claims_and_items(r, S)
     assert n1 > 7 and n2 > 7  # more items than CTAs: the counter is in use
     assert q == n1 + n2  # one claim per item run: every item once
@@ -696,7 +703,7 @@ def test_sum_of_each_rows_own_slots_geometry(monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["SPS=1", "SPS=2", "SPS=2,KH=2"])
+@pytest.mark.parametrize("tune", ["SPS=1", "SPS=2", "SPS=2,KH=2", "SPS=2,HP=3"])
 def test_interpreter_sum_of_each_rows_own_slots(tune, monkeypatch):
     """SPS: phase E sums each row's own K slots (its route mapped by phase C's expert -> slot
     table), not every active slot. The partials are poisoned (NaN) before a second step with new
@@ -810,7 +817,7 @@ def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
                                           (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1"), (Experts.ALL, "PLR=4"),
-                                          (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=1"),
+                                          (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=1"), (Experts.ALL, "DQ=1,HP=3"),
                                           (Experts.ALL, "SPS=2"), (Experts.LOCAL, "SPS=2")])
 def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):

@@ -693,6 +693,32 @@ def _wait_prefix(cnt, t_lo, t_hi, n_sl, need, KH: tl.constexpr, NHT: tl.constexp
     return p
 
 
+@triton.jit
+def _s2_header(w, wend, n1, ecta, sync, wrow, yrm, SP: tl.constexpr, NHT: tl.constexpr, KH: tl.constexpr,
+               SPS: tl.constexpr):
+    """(HP) A stage-2 item's header, all issued together: its expert, its tiles' count as now (an
+    acquire read, so the spin on it can start from a count already in), and the rows its partial
+    writes (wrow: the route weights' row pointers of expert 0). Past the last item: zeros, no read."""
+    j = (w - n1) // (NHT * KH)
+    live = w < wend
+    ej = tl.load(ecta + j, mask=live, other=0)
+    v = tl.atomic_add(sync + j, 0, mask=live, sem="acquire", scope="gpu")
+    ym = yrm & live
+    if SPS == 2:
+        ym &= tl.load(wrow + ej * SP, mask=ym, other=0.0) != 0.0
+    return ej, v, ym
+
+
+@triton.jit
+def _s2_next(w, nxt, wend, n1, ecta, sync, wrow, yrm, SP: tl.constexpr, NHT: tl.constexpr, KH: tl.constexpr,
+             SPS: tl.constexpr, BLOCKS: tl.constexpr, DQ: tl.constexpr):
+    """(HP) A stage-2 item's successor and its header, read at the end of this item's loop, before
+    this item's store and release, so their round trips overlap those instead of opening the next item."""
+    wn = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
+    hej, hv, hym = _s2_header(wn, wend, n1, ecta, sync, wrow, yrm, SP, NHT, KH, SPS)
+    return wn, hej, hv, hym
+
+
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
@@ -720,7 +746,7 @@ def ffn_kernel(
     FINAL: tl.constexpr, SORT: tl.constexpr, CHK: tl.constexpr, PDL: tl.constexpr,
     FENCE: tl.constexpr, LL: tl.constexpr, P_SEAM_LL: tl.constexpr, P_MOE_LL: tl.constexpr, PRE: tl.constexpr,
     PLR: tl.constexpr, SOLO: tl.constexpr, FR: tl.constexpr, KH: tl.constexpr, A8: tl.constexpr, SQ2: tl.constexpr,
-    A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, QOFF: tl.constexpr,
+    A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, HP: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
     SC_INV: tl.constexpr,
@@ -1067,13 +1093,20 @@ def ffn_kernel(
             xm2 = ((c2 % SQ) < S)[None, :]
             go = nn[:, None] * SP + rq[None, :]
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
+            if HP & 2:  # the first item's expert; each next one's is read at the end of the item before
+                hej = tl.load(ecta + w // (KS * NT), mask=w < n_items, other=0)
             while w < n_items:
                 nxt = _claim(sync + QOFF, DQ)  # DQ: whichever ticket is free now (see geometry)
                 jt = w // KS
                 kb = (w % KS) * KSTEP
                 j = jt // NT
                 t = jt % NT
-                ej = tl.load(ecta + j)
+                if HP & 2:
+                    ej = hej
+                    # the route weights the epilogue needs, read now, not after the loop
+                    wt = tl.load(wtab + ej * SP + rq, mask=rq < S, other=0.0)  # [SQ]
+                else:
+                    ej = tl.load(ecta + j)
                 le = ej.to(tl.int64)
                 if MODE == 1:
                     le = (ej - first_expert).to(tl.int64)
@@ -1092,6 +1125,9 @@ def ffn_kernel(
                     su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
                     acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
                     acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
+                if HP & 2:  # the next item and its expert, their round trips behind this epilogue
+                    wn = _next_item(w, nxt, BLOCKS, DQ)
+                    hej = tl.load(ecta + wn // (KS * NT), mask=wn < n_items, other=0)
                 g = tl.sum(tl.reshape(acc_g * tw[None, :], (BN, NX, SQ)), axis=1)
                 u = tl.sum(tl.reshape(acc_u * tw[None, :], (BN, NX, SQ)), axis=1)
                 last = True
@@ -1109,7 +1145,8 @@ def ffn_kernel(
                             g += tl.load(gq + go, cache_modifier=".cg")
                             u += tl.load(gq + BN * SP + go, cache_modifier=".cg")
                 if last:
-                    wt = tl.load(wtab + ej * SP + rq, mask=rq < S, other=0.0)  # [SQ]
+                    if (HP & 2) == 0:
+                        wt = tl.load(wtab + ej * SP + rq, mask=rq < S, other=0.0)  # [SQ]
                     a = g / (1.0 + tl.exp(-g)) * u * wt[None, :]
                     if A8:
                         # A8T (four) fp8 terms of a / (the tile's max / 256), as x's (_store_x): stage 2 then
@@ -1128,7 +1165,10 @@ def ffn_kernel(
                         tl.store(act + (j * SP + rq[None, :]).to(tl.int64) * I_R + r1[:, None], a.to(tl.float16))
                     tl.debug_barrier()
                     tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
-                w = _next_item(w, nxt, BLOCKS, DQ)
+                if HP & 2:
+                    w = wn
+                else:
+                    w = _next_item(w, nxt, BLOCKS, DQ)
             if DQ & (STAGE == 3):  # the stage-2 item its last claim took, for the next launch
                 tl.store(meta + BLOCKS + pid, w)
         _stamp(sub_row, 3, IS_HIP, INTERP, TIMELINE)
@@ -1165,30 +1205,46 @@ def ffn_kernel(
                 if w < n1:
                     w += ((n1 - w + BLOCKS - 1) // BLOCKS) * BLOCKS
             w0 = w
+            wend = n1 + n_act * (NHT * KH)
+            # the rows whose partial an item writes: SPS=2 only those routed to its expert, as the
+            # sum reads no other (loaded with the item's header, not beside the store, which would
+            # wait for it)
+            if A8:
+                yrow = rq2
+                yrm = rq2 < S
+            else:
+                yrow = rows
+                yrm = rmask
+            if HP & 1:  # the first item's header; each next one's is read at the end of the item before
+                hej, hv, hym = _s2_header(w, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32) + yrow, yrm,
+                                          SP, NHT, KH, SPS)
             # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
             # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
-            while w < n1 + n_act * (NHT * KH):
+            while w < wend:
                 j = (w - n1) // (NHT * KH)
                 t = (w - n1) % (NHT * KH) // KH
                 kh = (w - n1) % KH
                 kq = kh * (I_R // KH)
-                ej = tl.load(ecta + j)
+                if HP & 1:
+                    ej = hej
+                else:
+                    ej = tl.load(ecta + j)
                 le = ej.to(tl.int64)
                 if MODE == 1:
                     le = (ej - first_expert).to(tl.int64)
                 wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
                 sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
-                # the rows whose partial this item writes: SPS=2 only those routed to expert ej, as
-                # the sum reads no other (loaded here, not beside the store, which would wait for it)
-                if A8:
-                    ym8 = rq2 < S
-                    if SPS == 2:
-                        ym8 &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + rq2, mask=ym8, other=0.0) != 0.0
+                if HP & 1:
+                    ym = hym
                 else:
-                    ym = rmask
+                    ym = yrm
                     if SPS == 2:
-                        ym &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + rows, mask=ym, other=0.0) != 0.0
-                _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
+                        ym &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + yrow, mask=ym, other=0.0) != 0.0
+                if HP & 1:
+                    _spin_count(sync + j, hv, 0, NT, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
+                    tl.debug_barrier()
+                else:
+                    _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
                 # claimed once the item's tiles are in: a CTA waiting for them (one with no
                 # stage-1 item waits from the router on) holds no next item meanwhile
                 nxt = _claim(sync + QOFF, DQ)
@@ -1213,8 +1269,11 @@ def ffn_kernel(
                             sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
                             yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
                     y8 = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
+                    if HP & 1:
+                        wn, hej, hv, hym = _s2_next(w, nxt, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32)
+                                                    + yrow, yrm, SP, NHT, KH, SPS, BLOCKS, DQ)
                     tl.store(ypart + ((j * KH + kh) * S + rq2[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
-                             y8, mask=ym8[None, :])
+                             y8, mask=ym[None, :])
                 else:
                     yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
                     for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
@@ -1222,6 +1281,9 @@ def ffn_kernel(
                                     mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                         wq = tl.load(wbase + kq + k0 + ki[None, :])
                         yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                    if HP & 1:
+                        wn, hej, hv, hym = _s2_next(w, nxt, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32)
+                                                    + yrow, yrm, SP, NHT, KH, SPS, BLOCKS, DQ)
                     tl.store(ypart + ((j * KH + kh) * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
                              yt * (1.0 / SHIFT), mask=ym[None, :])
                 tl.debug_barrier()
@@ -1232,7 +1294,10 @@ def ffn_kernel(
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
-                w = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
+                if HP & 1:
+                    w = wn
+                else:
+                    w = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
             _stamp(sub_row, 5, IS_HIP, INTERP, TIMELINE)
     # no grid barrier: the sum of a chunk waits for its own H tiles only
 
@@ -1397,7 +1462,7 @@ def _p2(n: int) -> int:
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for;
 # R: the width's register cap on NVIDIA, launch_options)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "R",
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "R",
                            "RPG", "RTOP", "SPS", "SQ", "X8T"})
 
 
@@ -1625,11 +1690,17 @@ def geometry(key) -> dict:
     # words (one count polled by every CTA's atomic was thought to queue), and BLD, their polls as one
     # lane's load (04d1cf9; dev round 106: barrier 1 from the last arrival to the last CTA out 1.5-2.3
     # us against 1.3, the step 0.2-2.7 us slower at 1-16 tokens)
+    # HP: an item's header (its expert; at stage 2 also its tiles' count and its rows) read at the
+    # end of the item before, behind that item's epilogue, not at its own start: bit 1 stage 2,
+    # bit 2 stage 1 (there with the route weights its epilogue needs read before its loop)
+    hp = tune.get("HP", 0)
+    if hp not in (0, 1, 2, 3):
+        raise ValueError(f"FFNQ_TRITON_TUNE HP={hp}: allowed 0 (off), 1 (stage 2), 2 (stage 1) or 3 (both)")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
-                 A8T=a8t, DQ=dq,
+                 A8T=a8t, DQ=dq, HP=hp,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
                  EW=bool(tune.get("EW", int(key.tp == 1))))
     nsl, nht = max(1, nslot), H // bh
