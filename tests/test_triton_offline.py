@@ -110,6 +110,9 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     dq = {k: g["DQ"] for k, g in geo.items()}
     assert [s for s in range(1, 17) if dq[1, s]] == list(range(3, 17))
     assert [s for (tp, s), g in geo.items() if g["KH"] != 1] == [3, 4]
+    # v44: each item's header read at the end of the item before, both stages, at TP1's 5-16
+    # tokens (dev rounds 113-114); TP2 unmeasured
+    assert {k: g["HP"] for k, g in geo.items() if g["HP"]} == {(1, s): 3 for s in range(5, 17)}
     assert [s for s in range(1, 17) if dq[2, s]] == list(range(4, 17))  # v39, in the one-GPU proxy
     # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens (v31: 4-6 and 9-11, dev
     # rounds 75-77; v37: 7-8 and 12-16, dev round 100); three at 1-3 (three CTAs per SM); TP2 four,
