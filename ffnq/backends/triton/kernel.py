@@ -1268,12 +1268,7 @@ def ffn_kernel(
                             wq = tl.load(wbase + kk + kn[None, :])
                             sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
                             yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
-                    y8 = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
-                    if HP & 1:
-                        wn, hej, hv, hym = _s2_next(w, nxt, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32)
-                                                    + yrow, yrm, SP, NHT, KH, SPS, BLOCKS, DQ)
-                    tl.store(ypart + ((j * KH + kh) * S + rq2[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
-                             y8, mask=ym[None, :])
+                    yv = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
                 else:
                     yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
                     for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
@@ -1281,11 +1276,13 @@ def ffn_kernel(
                                     mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                         wq = tl.load(wbase + kq + k0 + ki[None, :])
                         yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-                    if HP & 1:
-                        wn, hej, hv, hym = _s2_next(w, nxt, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32)
-                                                    + yrow, yrm, SP, NHT, KH, SPS, BLOCKS, DQ)
-                    tl.store(ypart + ((j * KH + kh) * S + rows[None, :]).to(tl.int64) * H + t * BH + hh[:, None],
-                             yt * (1.0 / SHIFT), mask=ym[None, :])
+                    yv = yt * (1.0 / SHIFT)
+                if HP & 1:
+                    wn, hej, hv, hym = _s2_next(w, nxt, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32) + yrow,
+                                                yrm, SP, NHT, KH, SPS, BLOCKS, DQ)
+                # [BH columns of H, the rows' columns yrow]
+                tl.store(ypart + ((j * KH + kh) * S + yrow[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yv,
+                         mask=ym[None, :])
                 tl.debug_barrier()
                 if PS:  # per (slot, tile): phase E sums a tile's slots as they finish, in slot order
                     tl.atomic_add(sync + PSO + j * NHT + t, 1, sem="release", scope="gpu")
