@@ -11,11 +11,18 @@ Compiles three toy kernels of that shape for sm_90 and reads their TTGIR:
   dep     one loop; the item's act is addressed through the spin's value (+ 16 * (v < 0), never
           taken), a data edge the pipeliner must keep
 
-and prints, per kernel, whether its weight loads were pipelined (async copies) and whether the
-spin comes before the act load in the loop body. Triton 3.6 (this probe, 2026-12-04): all three
-pipeline the weights; in `flat` the spin lands at the end of the body, after the copies of later
-steps were issued (a wait there would not order the act loads after it); in `dep` it is first.
-So the one-loop form is sound only with such a data edge. Usage: python scripts/flat_loop_probe.py
+  carried dep with the item carried from step to step, advanced at an item's last step (as a
+          work counter's claim must be), and again with a CTA barrier after the wait
+
+and prints, per kernel, how many weight copies its pipeline issues ahead of the loop and whether
+the spin comes before the act load in the loop body. Triton 3.6 (this probe, 2026-12-04):
+  * nested, flat and dep load three steps ahead; in `flat` the spin lands at the end of the body,
+    after the copies of later steps were issued, so it orders nothing; in `dep` it comes first;
+  * carried loads nothing ahead: an item id carried across steps is not known when a later
+    step's copy would be issued; with a barrier in the body the loop is not pipelined at all.
+So the one-loop form needs each CTA's items fixed up front (a function of the step index, not a
+claim) and no CTA barrier in the body, which the kernel's scalar broadcasts and its release of a
+partial both use. Usage: python scripts/flat_loop_probe.py
 """
 from __future__ import annotations
 
@@ -77,7 +84,33 @@ def flat(w_ptr, x_ptr, y_ptr, cnt, n_items, KSTEPS: tl.constexpr, BH: tl.constex
             acc = tl.zeros((BH, 16), tl.float32)
 
 
-def schedule(fn, dep: bool = False) -> dict:
+@triton.jit
+def carried(w_ptr, x_ptr, y_ptr, cnt, n_items, KSTEPS: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr,
+            NS: tl.constexpr, DEP: tl.constexpr):
+    """dep's loop with the item carried from step to step (advanced at an item's last step, as a
+    work counter's claim would have to be) and, with DEP, a CTA barrier after the wait (as the
+    kernel's broadcast of a scalar atomic and its release of a partial take)."""
+    pid = tl.program_id(0)
+    hh, kk, nn = tl.arange(0, BH), tl.arange(0, BK), tl.arange(0, 16)
+    acc = tl.zeros((BH, 16), tl.float32)
+    v = 0
+    it = pid
+    for i in tl.range(0, (n_items - pid + 263) // 264 * KSTEPS, num_stages=NS):
+        k = i % KSTEPS
+        if k == 0:
+            v = _spin(cnt, it)
+            if DEP:
+                tl.debug_barrier()
+        w = tl.load(w_ptr + (it * BH + hh)[:, None].to(tl.int64) * (KSTEPS * BK) + k * BK + kk[None, :])
+        x = tl.load(x_ptr + (k * BK + kk)[:, None] * 16 + nn[None, :] + (v >> 31))
+        acc = tl.dot(w, x, acc)
+        if k == KSTEPS - 1:
+            tl.store(y_ptr + (it * BH + hh)[:, None] * 16 + nn[None, :], acc)
+            acc = tl.zeros((BH, 16), tl.float32)
+            it += 264
+
+
+def schedule(fn, dep: bool = False, name: str | None = None) -> dict:
     """The loop body's facts from fn's sm_90 TTGIR: pipelined weight copies, and whether the spin
     (the first acquire atomic in the loop) precedes the act load."""
     sig = {"w_ptr": "*fp8e4nv", "x_ptr": "*fp8e4nv", "y_ptr": "*fp32", "cnt": "*i32", "n_items": "i32",
@@ -87,14 +120,18 @@ def schedule(fn, dep: bool = False) -> dict:
     ck = triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": 4, "num_stages": 2})
     g = ck.asm["ttgir"]
-    body = g[g.index("scf.for"):]  # the pipelined K loop (the outer while, if any, comes before it)
+    loop = g.index("scf.for")  # the K loop (the outer while, if any, comes before it)
+    body = g[loop:]
     spin = body.find("tt.atomic_rmw")
     act = body.find("tt.load")
-    return {"kernel": fn.__name__ + ("_dep" if dep else ""), "async_copies": g.count("async_copy_global_to_local"),
+    return {"kernel": name or fn.__name__,
+            # copies issued before the loop: the pipeline's prologue (0: no step is loaded ahead)
+            "ahead": g[:loop].count("async_copy_global_to_local"), "copies": g.count("async_copy_global_to_local"),
             "spin_in_loop": spin >= 0, "spin_before_act": 0 <= spin < act if spin >= 0 and act >= 0 else None}
 
 
 if __name__ == "__main__":
     print(f"triton {triton.__version__}")
-    for fn, dep in ((nested, False), (flat, False), (flat, True)):
-        print(schedule(fn, dep))
+    for fn, dep, name in ((nested, False, None), (flat, False, None), (flat, True, "dep"), (carried, False, None),
+                          (carried, True, "carried+barrier")):
+        print(schedule(fn, dep, name))

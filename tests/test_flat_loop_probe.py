@@ -1,5 +1,7 @@
-"""scripts/flat_loop_probe.py: in one pipelined loop over a CTA's items, only a data edge from the
-item's counter wait to its act's address keeps the wait before the act load (sm_90, offline)."""
+"""scripts/flat_loop_probe.py (sm_90, offline): what one pipelined loop over a CTA's items needs
+from Triton 3.6: a data edge from an item's counter wait to its act's address (or the wait orders
+nothing), items fixed by the step index (a carried item id loads nothing ahead) and no CTA
+barrier in the body (then nothing is pipelined)."""
 import importlib.util
 from pathlib import Path
 
@@ -13,12 +15,16 @@ def _probe():
     return mod
 
 
-def test_only_a_data_edge_orders_the_wait_before_the_act_load():
+def test_what_one_loop_over_the_items_needs():
     p = _probe()
     nested, flat, dep = p.schedule(p.nested), p.schedule(p.flat), p.schedule(p.flat, dep=True)
-    # the weights are pipelined in all three forms (cp.async into a ring of stages)
-    assert all(r["async_copies"] > 0 for r in (nested, flat, dep))
+    carried, barrier = p.schedule(p.carried), p.schedule(p.carried, dep=True)
+    # the per-item loop and the one loop with items fixed by the step: three steps loaded ahead
+    assert nested["ahead"] == flat["ahead"] == dep["ahead"] == 3
     assert not nested["spin_in_loop"] and nested["spin_before_act"] is None
-    # Triton 3.6 puts a wait with no data edge after the body's loads: it would not order them
+    # a wait with no data edge lands after the body's loads: it would not order them
     assert flat["spin_in_loop"] and flat["spin_before_act"] is False
     assert dep["spin_in_loop"] and dep["spin_before_act"] is True
+    # an item carried across steps: nothing ahead; a barrier in the body: no copies at all
+    assert carried["ahead"] == 0 and carried["copies"] > 0
+    assert barrier["copies"] == 0
