@@ -709,16 +709,6 @@ def _s2_header(w, wend, n1, ecta, sync, wrow, yrm, SP: tl.constexpr, NHT: tl.con
     return ej, v, ym
 
 
-@triton.jit
-def _s2_next(w, nxt, wend, n1, ecta, sync, wrow, yrm, SP: tl.constexpr, NHT: tl.constexpr, KH: tl.constexpr,
-             SPS: tl.constexpr, BLOCKS: tl.constexpr, DQ: tl.constexpr):
-    """(HP) A stage-2 item's successor and its header, read at the end of this item's loop, before
-    this item's store and release, so their round trips overlap those instead of opening the next item."""
-    wn = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
-    hej, hv, hym = _s2_header(wn, wend, n1, ecta, sync, wrow, yrm, SP, NHT, KH, SPS)
-    return wn, hej, hv, hym
-
-
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
@@ -1277,9 +1267,10 @@ def ffn_kernel(
                         wq = tl.load(wbase + kq + k0 + ki[None, :])
                         yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
                     yv = yt * (1.0 / SHIFT)
-                if HP & 1:
-                    wn, hej, hv, hym = _s2_next(w, nxt, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32) + yrow,
-                                                yrm, SP, NHT, KH, SPS, BLOCKS, DQ)
+                if HP & 1:  # the successor and its header now, their round trips behind this store and release
+                    wn = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
+                    hej, hv, hym = _s2_header(wn, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32) + yrow, yrm,
+                                              SP, NHT, KH, SPS)
                 # [BH columns of H, the rows' columns yrow]
                 tl.store(ypart + ((j * KH + kh) * S + yrow[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yv,
                          mask=ym[None, :])
@@ -1808,10 +1799,8 @@ def launch_options(cx: dict, key) -> dict:
     tune = read_tune()
     # COOP=0 (development): a plain launch, the grid's residency left to warm's check
     opts = dict(launch_cooperative_grid=bool(tune.get("COOP", 1)), **({"launch_pdl": True} if cx.get("PDL") else {}))
-    regs = tune.get(f"R{key.tokens}")
-    if regs is None:
-        tune = choices(key)
-        regs = tune.get("R")
+    tune = choices(key)  # the width's row under FFNQ_TRITON_TUNE's R, R@w and R<w> (tune.parse)
+    regs = tune.get("R")
     return dict(opts, maxnreg=regs) if regs and not cx.get("IS_HIP") else opts
 
 

@@ -25,7 +25,8 @@ _ENTRY = re.compile(r"([A-Z0-9]+)(?:@([1-9]\d*))?=(-?\d+)")
 
 
 def parse(raw: str, tokens: int | None = None) -> dict[str, int]:
-    """The keys of ``raw`` (with ``tokens``, its "KEY@tokens" entries over the plain ones);
+    """The keys of ``raw`` (with ``tokens``, its "KEY@tokens" entries over the plain ones, and
+    "R<tokens>" as "R");
     ValueError, one line, on an entry that is not KEY=int or KEY@width=int or a key not read."""
     t: dict[str, int] = {}
     for item in (s.strip() for s in raw.split(",")):
@@ -41,6 +42,8 @@ def parse(raw: str, tokens: int | None = None) -> dict[str, int]:
         t[f"{key}@{width}" if width else key] = int(value)
     if tokens is not None:
         t.update({k.partition("@")[0]: v for k, v in t.items() if k.partition("@")[2] == str(tokens)})
+        if f"R{tokens}" in t:  # the older spelling of R@tokens, over it
+            t["R"] = t[f"R{tokens}"]
     return t
 
 
