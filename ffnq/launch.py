@@ -315,7 +315,7 @@ def run(job: str, opts: JobOptions, progress: bool = True) -> JobResult:
         wall = time.monotonic() - t0
         recs = read_records(result_dir)
         if rc is None:
-            raise LaunchError(f"{job} passed its deadline of {deadline:.0f} s (--deadline): "
+            raise LaunchError(f"{job} passed its deadline of {deadline:g} s (--deadline): "
                               f"{_unfinished(recs, opts.tp)}; the job was killed", recs)
         if rc != 0:
             raise LaunchError(_failure(job, rc, recs, opts.tp, (result_dir / "torchrun.log").read_text()), recs)

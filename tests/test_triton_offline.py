@@ -253,6 +253,44 @@ def test_dropped_keys_are_gone_and_a8_is_checked(monkeypatch):
         K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))
 
 
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_next_item_prefetch_keeps_the_pipeline(tokens, monkeypatch):
+    """PN (PN1): the next stage-2 (stage-1) item's first K steps asked of the L2 inside the item's
+    K loop. Off (the default), no prefetch is built; on, a bulk prefetch a row of the item's tile
+    in warp 0's lanes (stage 2: BH rows of w2; stage 1: BN of w1 and BN of w3), and the loops keep
+    every pipelined copy (no CTA barrier was added to the body). At 4 tokens (DQ) the ticket reaches
+    warp 0's lanes by a shuffle of _claim's [128] tensor, which only works if that tensor has a lane
+    a thread. CDNA and the interpreter build them off; 9 is refused, named."""
+    import re
+    from ffnq.backends.triton import kernel as K
+    key = offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, tokens)
+    g = K.geometry(key)
+    built = {}
+    for tune in ("", "PN=3", "PN1=2"):
+        monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
+        ck = offline.compile_key(key, "sm_90")
+        built[tune] = ck.asm["ttgir"], ck.asm["ptx"], offline.nv_resources(ck)
+    copies = built[""][0].count("async_copy_global_to_local")
+    assert "cp.async.bulk.prefetch" not in built[""][1] and copies > 0
+    for tune, rows in (("PN=3", g["BH"]), ("PN1=2", 2 * g["BN"])):
+        ttgir, ptx, res = built[tune]
+        assert ptx.count("cp.async.bulk.prefetch.L2") == rows // 32, tune
+        assert ttgir.count("async_copy_global_to_local") == copies, tune
+        assert res["spills"] == 0 and res["regs"] <= 255, (tune, res)
+        shfl = [ln for ln in ttgir.splitlines() if "shfl.sync.idx.b32 $0, $1, 0" in ln]
+        assert len(shfl) == (1 if g["DQ"] else 0), tune
+        for ln in shfl:
+            enc = re.search(r"tensor<128xi32, (#\w+)>", ln).group(1)
+            assert re.search(rf"^{enc} = #ttg.blocked<{{sizePerThread = \[1\], threadsPerWarp = \[32\], "
+                             rf"warpsPerCTA = \[4\]", ttgir, re.M), (tune, enc)
+    for k in ("PN", "PN1"):
+        monkeypatch.setenv("FFNQ_TRITON_TUNE", f"{k}=3")
+        assert offline.constexprs_for(key, True)[k] == 0 and offline.constexprs_for(key, False, interp=True)[k] == 0
+        monkeypatch.setenv("FFNQ_TRITON_TUNE", f"{k}=9")
+        with pytest.raises(ValueError, match=rf"{k}=9: allowed 0 \(off\) to 8"):
+            K.geometry(key)
+
+
 def test_fp32_dots_at_tf32_are_counted():
     """An fp32 tt.dot at tf32 precision is counted, and a build holding one is refused, named
     (offline rows and TritonRunner.warm); the f16 dots Triton also tags tf32 are not counted."""

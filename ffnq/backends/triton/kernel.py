@@ -709,6 +709,66 @@ def _s2_header(w, wend, n1, ecta, sync, wrow, yrm, SP: tl.constexpr, NHT: tl.con
     return ej, v, ym
 
 
+@triton.jit
+def _pn_next(nxt, w, wend, n1, ecta, lane, BLOCKS: tl.constexpr, DQ: tl.constexpr, PER: tl.constexpr):
+    """(PN, PN1) This CTA's next item of the stage whose items n1..wend-1 come PER an expert, and
+    that expert, in warp 0's lanes (expert -1 elsewhere and past the stage's last item), read
+    inside a K loop with no CTA barrier (one would stop its pipelining): the ticket _claim took is
+    in lane 0 of warp 0 (its [128] tensor: a lane a thread), and a warp shuffle hands it to the
+    warp's other lanes."""
+    if DQ:
+        tk = tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x1f, 0xffffffff;", "=r,r", [nxt],
+                                       dtype=tl.int32, is_pure=False, pack=1)
+        wn = BLOCKS + tk
+    else:
+        wn = w + BLOCKS + lane * 0
+    live = (lane < 32) & (wn >= n1) & (wn < wend)
+    return wn, tl.load(ecta + (wn - n1) // PER, mask=live, other=-1)
+
+
+@triton.jit
+def _l2_prefetch(ptr, go, NB: tl.constexpr):
+    """Ask the L2 for NB bytes at each ptr where go (a bulk prefetch: no registers or shared
+    memory held, nothing waited for)."""
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global "
+                              "[$1], $3; mov.u32 $0, 0; }", "=r,l,r,r",
+                              [ptr, go.to(tl.int32), tl.full(ptr.shape, NB, tl.int32)],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _pn_w2(w2, wn, ej, lane, n1, first_expert, MODE: tl.constexpr, H: tl.constexpr, I_R: tl.constexpr,
+           BH: tl.constexpr, NHT: tl.constexpr, KH: tl.constexpr, NB: tl.constexpr):
+    """(PN) The first NB bytes of each w2 row of stage-2 item wn (expert ej, from _pn_next) asked
+    of the L2, warp 0's 32 lanes BH/32 rows each."""
+    t = (wn - n1) % (NHT * KH) // KH
+    kq = (wn - n1) % KH * (I_R // KH)
+    le = ej.to(tl.int64)
+    if MODE == 1:
+        le = (ej - first_expert).to(tl.int64)
+    RPL: tl.constexpr = BH // 32 if BH >= 32 else 1  # rows a lane
+    for r in tl.static_range(RPL):
+        row = lane * RPL + r
+        _l2_prefetch(w2 + le * (H * I_R) + (t * BH + row).to(tl.int64) * I_R + kq, (ej >= 0) & (row < BH), NB)
+
+
+@triton.jit
+def _pn_w13(w13, wn, ej, lane, first_expert, MODE: tl.constexpr, H: tl.constexpr, I_R: tl.constexpr,
+            BN: tl.constexpr, NT: tl.constexpr, KS: tl.constexpr, KSTEP: tl.constexpr, NB: tl.constexpr):
+    """(PN1) The first NB bytes of each w1 and w3 row of stage-1 item wn (expert ej, from
+    _pn_next) at its K part asked of the L2, warp 0's 32 lanes 2 BN/32 rows each."""
+    t = wn // KS % NT
+    le = ej.to(tl.int64)
+    if MODE == 1:
+        le = (ej - first_expert).to(tl.int64)
+    RPL: tl.constexpr = 2 * BN // 32 if BN >= 16 else 1  # rows a lane: BN of w1 (gate), then BN of w3
+    for r in tl.static_range(RPL):
+        q = lane * RPL + r
+        row = t * BN + q % BN + (q // BN) * I_R
+        _l2_prefetch(w13 + le * (2 * I_R * H) + row.to(tl.int64) * H + (wn % KS) * KSTEP, (ej >= 0) & (q < 2 * BN),
+                     NB)
+
+
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
@@ -739,7 +799,7 @@ def ffn_kernel(
     A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, HP: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr,
+    SC_INV: tl.constexpr, PN: tl.constexpr, PN1: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -1082,6 +1142,13 @@ def ffn_kernel(
             xo2 = (c2 // SQ * S + c2 % SQ)[None, :] * H + kc2[:, None]  # term 0 rows, then term 1 ...
             xm2 = ((c2 % SQ) < S)[None, :]
             go = nn[:, None] * SP + rq[None, :]
+            # (PN1) as PN at stage 2: the next stage-1 item's first PN1 K steps asked of the L2 where
+            # this item's loop issues its last load, its expert read two steps before
+            lane = tl.arange(0, 128)
+            P1S: tl.constexpr = KSTEP // BK
+            P1B: tl.constexpr = P1S - NS if P1S > NS else 0
+            P1A: tl.constexpr = P1B - 2 if P1B > 2 else 0
+            P1N: tl.constexpr = PN1 * BK if PN1 * BK < KSTEP else KSTEP
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             if HP & 2:  # the first item's expert; each next one's is read at the end of the item before
                 hej = tl.load(ecta + w // (KS * NT), mask=w < n_items, other=0)
@@ -1107,7 +1174,14 @@ def ffn_kernel(
                 # terms; fp16: hi, lo), one MMA per weight tile and K step; the terms summed at the end
                 acc_g = tl.zeros((BN, NX * SQ), tl.float32)
                 acc_u = tl.zeros((BN, NX * SQ), tl.float32)
+                pwn = lane * 0
+                pej = lane * 0 - 1
                 for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
+                    if PN1:
+                        if k0 == P1A * BK:
+                            pwn, pej = _pn_next(nxt, w, n_items, 0, ecta, lane, BLOCKS, DQ, KS * NT)
+                        if k0 == P1B * BK:
+                            _pn_w13(w13, pwn, pej, lane, first_expert, MODE, H, I_R, BN, NT, KS, KSTEP, P1N)
                     xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
@@ -1176,6 +1250,7 @@ def ffn_kernel(
             ypart = _as(scratch, SC_YPART, tl.float32)
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
+            lane = tl.arange(0, 128)  # (PN) a lane a thread, as _claim's ticket
             if A8:
                 # SQ2 token columns per term: the tokens' own count (at least 4), not stage 1's SQ
                 # (16 below 7 tokens); A8T x SQ2 < 16 compiles to fp16 mma.sync (see geometry, SQ2)
@@ -1245,13 +1320,26 @@ def ffn_kernel(
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
+                # A8 = 2 and fp16: steps of 128 (A8: two stage-1 tiles, an MMA each); A8 = 1: one tile
+                A8K: tl.constexpr = BN if A8 == 1 else 128
+                # (PN) the next item's first PN steps asked of the L2 at the step where this loop's
+                # pipeline issues its last load (NS2 - 1 steps ahead), its expert read two steps before
+                PNS: tl.constexpr = (I_R // KH) // A8K
+                PNB: tl.constexpr = PNS - NS2 if PNS > NS2 else 0
+                PNA: tl.constexpr = PNB - 2 if PNB > 2 else 0
+                PNN: tl.constexpr = PN * A8K if PN * A8K < I_R // KH else I_R // KH
+                pwn = lane * 0
+                pej = lane * 0 - 1
                 if A8:
                     # fp8 x fp8 as stage 1: [BH, BN] w2 codes @ [BN, 4 x SQ2] act terms per stage-1 tile,
                     # each product times w2's block scale x the tile's act scale
                     yt8 = tl.zeros((BH, A8T * SQ2), tl.float32)
-                    # A8 = 2: steps of 128 (two stage-1 tiles, an MMA each); A8 = 1: steps of one tile
-                    A8K: tl.constexpr = BN if A8 == 1 else 128
                     for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
+                        if PN:
+                            if k0 == PNA * A8K:
+                                pwn, pej = _pn_next(nxt, w, wend, n1, ecta, lane, BLOCKS, DQ, NHT * KH)
+                            if k0 == PNB * A8K:
+                                _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
                         for q in tl.static_range(A8K // BN):
                             kk = kq + k0 + q * BN
                             av = tl.load(a8 + kk, cache_modifier=".cg")
@@ -1262,6 +1350,11 @@ def ffn_kernel(
                 else:
                     yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
                     for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
+                        if PN:
+                            if k0 == PNA * A8K:
+                                pwn, pej = _pn_next(nxt, w, wend, n1, ecta, lane, BLOCKS, DQ, NHT * KH)
+                            if k0 == PNB * A8K:
+                                _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
                         a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
                                     mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                         wq = tl.load(wbase + kq + k0 + ki[None, :])
@@ -1450,7 +1543,7 @@ def _p2(n: int) -> int:
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for;
 # R: the width's register cap on NVIDIA, launch_options)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "R",
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "PN", "PN1", "R",
                            "RPG", "RTOP", "SPS", "SQ", "X8T"})
 
 
@@ -1684,11 +1777,21 @@ def geometry(key) -> dict:
     hp = tune.get("HP", 0)
     if hp not in (0, 1, 2, 3):
         raise ValueError(f"FFNQ_TRITON_TUNE HP={hp}: allowed 0 (off), 1 (stage 2), 2 (stage 1) or 3 (both)")
+    # PN: at stage 2, the next item's first PN K steps (its w2 rows' first PN x 128 bytes) asked of
+    # the L2 where the item's K loop issues its last load, so the next item's pipeline fills from
+    # the L2 while this one drains (HP's headers gained 0-0.4%: the items' cost is that fill and
+    # drain, notes/triton-kernel.md "Thirty-fourth session"). NVIDIA only (a bulk prefetch)
+    pn, pn1 = tune.get("PN", 0), tune.get("PN1", 0)
+    if pn not in range(9):
+        raise ValueError(f"FFNQ_TRITON_TUNE PN={pn}: allowed 0 (off) to 8 (K steps of the next stage-2 item)")
+    # PN1: the same at stage 1 (its items have twice the K steps of stage 2's at TP1)
+    if pn1 not in range(9):
+        raise ValueError(f"FFNQ_TRITON_TUNE PN1={pn1}: allowed 0 (off) to 8 (K steps of the next stage-1 item)")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
-                 A8T=a8t, DQ=dq, HP=hp,
+                 A8T=a8t, DQ=dq, HP=hp, PN=pn if i_r else 0, PN1=pn1 if i_r else 0,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
                  EW=bool(tune.get("EW", int(key.tp == 1))))
     nsl, nht = max(1, nslot), H // bh
@@ -1777,8 +1880,9 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
         g["F8"], g["A8"] = False, 0
         g["SQ"] = max(g["SQ"], 8)  # two fp16 x terms: N = 2 x SQ >= 16
-    if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
+    if is_hip or interp:  # griddepcontrol, the fence and the bulk prefetch are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
+        g["PN"] = g["PN1"] = 0
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
         g["LL"] = False
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
