@@ -21,6 +21,15 @@ from ffnq.spec import Experts, ModelSpec
 from ffnq.weights import RankWeights, dequant
 
 
+def route(x: torch.Tensor, w: RankWeights, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 sigmoid router as a PyTorch user writes it: the biased scores pick top_k, the
+    unbiased ones weigh them, renormalised. (idx, wts), each [s, top_k]."""
+    scores = torch.sigmoid(x @ w.router.float().T)
+    idx = torch.topk(scores + w.router_bias.float(), top_k, dim=-1).indices
+    wts = scores.gather(1, idx)
+    return idx, wts / wts.sum(-1, keepdim=True)
+
+
 class Unfused:
     def __init__(self, w: RankWeights, spec: ModelSpec, tp: int, experts: Experts, device):
         self.spec, self.tp, self.experts, self.w = spec, tp, experts, w
@@ -46,11 +55,8 @@ class Unfused:
         h = self._all_reduce(part.clone()).float() + residual.float()
         res_out = h.to(torch.bfloat16)
         x = F.rms_norm(h, (m.hidden,), self.w.post_norm.float(), m.eps)
-        scores = torch.sigmoid(x @ self.w.router.float().T)
-        idx = torch.topk(scores + self.w.router_bias.float(), m.top_k, dim=-1).indices
+        idx, wts = route(x, self.w, m.top_k)
         self._route = idx, slots[:s]  # for chosen(): no op here, so a captured step times none
-        wts = scores.gather(1, idx)
-        wts = wts / wts.sum(-1, keepdim=True)
         y = torch.zeros(s, m.hidden, dtype=self.dtype, device=part.device)
         if self.n:
             keep = (slots[:s] >= 0)[:, None]

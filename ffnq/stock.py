@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ffnq import reference
+from ffnq.baseline import route
 from ffnq.spec import Experts, ModelSpec
 from ffnq.weights import RankWeights, dequant
 
@@ -61,11 +62,8 @@ class Stock:
         m, s = self.spec, part.shape[0]
         h = self._all_reduce(part.clone()).float() + residual.float()
         x = F.rms_norm(h, (m.hidden,), self.w.post_norm.float(), m.eps)
-        scores = torch.sigmoid(x @ self.w.router.float().T)
-        idx = torch.topk(scores + self.w.router_bias.float(), m.top_k, dim=-1).indices
+        idx, wts = route(x, self.w, m.top_k)
         self._route = idx, slots[:s]  # for chosen(): no op here, so a captured step times none
-        wts = scores.gather(1, idx)
-        wts = wts / wts.sum(-1, keepdim=True)
         # pairs sorted by local expert; another rank's expert (LOCAL) or a padding row: weight 0
         local = idx - self.first
         keep = (local >= 0) & (local < self.n) & (slots[:s] >= 0)[:, None]
