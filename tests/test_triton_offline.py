@@ -255,8 +255,8 @@ def test_dropped_keys_are_gone_and_a8_is_checked(monkeypatch):
 
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_next_item_prefetch_keeps_the_pipeline(tokens, monkeypatch):
-    """PN (PN1): the next stage-2 (stage-1) item's first K steps asked of the L2 inside the item's
-    K loop. Off (the default), no prefetch is built; on, a bulk prefetch a row of the item's tile
+    """PN (PN1): the next item's first K steps asked of the L2 inside a stage-2 (stage-1) item's K
+    loop. Off (the default), no prefetch is built; on, a bulk prefetch a row of the item's tile
     in warp 0's lanes (stage 2: BH rows of w2; stage 1: BN of w1 and BN of w3), and the loops keep
     every pipelined copy (no CTA barrier was added to the body). At 4 tokens (DQ) the ticket reaches
     warp 0's lanes by a shuffle of _claim's [128] tensor, which only works if that tensor has a lane
@@ -272,7 +272,8 @@ def test_next_item_prefetch_keeps_the_pipeline(tokens, monkeypatch):
         built[tune] = ck.asm["ttgir"], ck.asm["ptx"], offline.nv_resources(ck)
     copies = built[""][0].count("async_copy_global_to_local")
     assert "cp.async.bulk.prefetch" not in built[""][1] and copies > 0
-    for tune, rows in (("PN=3", g["BH"]), ("PN1=2", 2 * g["BN"])):
+    # PN1's loop asks for the next item of either stage: 2 BN rows of w1 and w3, or BH of w2
+    for tune, rows in (("PN=3", g["BH"]), ("PN1=2", 2 * g["BN"] + g["BH"])):
         ttgir, ptx, res = built[tune]
         assert ptx.count("cp.async.bulk.prefetch.L2") == rows // 32, tune
         assert ttgir.count("async_copy_global_to_local") == copies, tune

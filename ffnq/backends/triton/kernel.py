@@ -710,20 +710,21 @@ def _s2_header(w, wend, n1, ecta, sync, wrow, yrm, SP: tl.constexpr, NHT: tl.con
 
 
 @triton.jit
-def _pn_next(nxt, w, wend, n1, ecta, lane, BLOCKS: tl.constexpr, DQ: tl.constexpr, PER: tl.constexpr):
-    """(PN, PN1) This CTA's next item of the stage whose items n1..wend-1 come PER an expert, and
-    that expert, in warp 0's lanes (expert -1 elsewhere and past the stage's last item), read
-    inside a K loop with no CTA barrier (one would stop its pipelining): the ticket _claim took is
-    in lane 0 of warp 0 (its [128] tensor: a lane a thread), and a warp shuffle hands it to the
-    warp's other lanes."""
+def _pn_next(nxt, w, n1, wend, ecta, lane, BLOCKS: tl.constexpr, DQ: tl.constexpr, PER1: tl.constexpr,
+             PER2: tl.constexpr):
+    """(PN, PN1) This CTA's next item and its expert, in warp 0's lanes (expert -1 elsewhere and
+    past the last item; items 0..n1-1 are stage 1's, PER1 an expert, n1..wend-1 stage 2's, PER2),
+    read inside a K loop with no CTA barrier (one would stop its pipelining): the ticket _claim
+    took is in lane 0 of warp 0 (its [128] tensor: a lane a thread), and a warp shuffle hands it
+    to the warp's other lanes."""
     if DQ:
         tk = tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x1f, 0xffffffff;", "=r,r", [nxt],
                                        dtype=tl.int32, is_pure=False, pack=1)
         wn = BLOCKS + tk
     else:
         wn = w + BLOCKS + lane * 0
-    live = (lane < 32) & (wn >= n1) & (wn < wend)
-    return wn, tl.load(ecta + (wn - n1) // PER, mask=live, other=-1)
+    j = tl.where(wn < n1, wn // PER1, (wn - n1) // PER2)
+    return wn, tl.load(ecta + j, mask=(lane < 32) & (wn < wend), other=-1)
 
 
 @triton.jit
@@ -1142,13 +1143,15 @@ def ffn_kernel(
             xo2 = (c2 // SQ * S + c2 % SQ)[None, :] * H + kc2[:, None]  # term 0 rows, then term 1 ...
             xm2 = ((c2 % SQ) < S)[None, :]
             go = nn[:, None] * SP + rq[None, :]
-            # (PN1) as PN at stage 2: the next stage-1 item's first PN1 K steps asked of the L2 where
-            # this item's loop issues its last load, its expert read two steps before
+            # (PN1) as PN at stage 2: the next item's first PN1 K steps asked of the L2 where this
+            # item's loop issues its last load, its expert read two steps before; a CTA's last
+            # stage-1 item asks for its first stage-2 item's (at 1-3 tokens each CTA's only one)
             lane = tl.arange(0, 128)
             P1S: tl.constexpr = KSTEP // BK
             P1B: tl.constexpr = P1S - NS if P1S > NS else 0
             P1A: tl.constexpr = P1B - 2 if P1B > 2 else 0
             P1N: tl.constexpr = PN1 * BK if PN1 * BK < KSTEP else KSTEP
+            P1N2: tl.constexpr = PN1 * 128 if PN1 * 128 < I_R // KH else I_R // KH
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             if HP & 2:  # the first item's expert; each next one's is read at the end of the item before
                 hej = tl.load(ecta + w // (KS * NT), mask=w < n_items, other=0)
@@ -1179,9 +1182,13 @@ def ffn_kernel(
                 for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
                     if PN1:
                         if k0 == P1A * BK:
-                            pwn, pej = _pn_next(nxt, w, n_items, 0, ecta, lane, BLOCKS, DQ, KS * NT)
-                        if k0 == P1B * BK:
-                            _pn_w13(w13, pwn, pej, lane, first_expert, MODE, H, I_R, BN, NT, KS, KSTEP, P1N)
+                            pwn, pej = _pn_next(nxt, w, n_items, n_items + n_active * (NHT * KH), ecta, lane, BLOCKS,
+                                                DQ, KS * NT, NHT * KH)
+                        if k0 == P1B * BK:  # a stage-1 item's rows, or (the CTA's last) a stage-2 item's
+                            _pn_w13(w13, pwn, tl.where(pwn < n_items, pej, -1), lane, first_expert, MODE, H, I_R, BN,
+                                    NT, KS, KSTEP, P1N)
+                            _pn_w2(w2, pwn, tl.where(pwn < n_items, -1, pej), lane, n_items, first_expert, MODE, H, I_R,
+                                   BH, NHT, KH, P1N2)
                     xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
@@ -1337,7 +1344,7 @@ def ffn_kernel(
                     for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
                         if PN:
                             if k0 == PNA * A8K:
-                                pwn, pej = _pn_next(nxt, w, wend, n1, ecta, lane, BLOCKS, DQ, NHT * KH)
+                                pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, BLOCKS, DQ, 1, NHT * KH)
                             if k0 == PNB * A8K:
                                 _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
                         for q in tl.static_range(A8K // BN):
@@ -1352,7 +1359,7 @@ def ffn_kernel(
                     for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
                         if PN:
                             if k0 == PNA * A8K:
-                                pwn, pej = _pn_next(nxt, w, wend, n1, ecta, lane, BLOCKS, DQ, NHT * KH)
+                                pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, BLOCKS, DQ, 1, NHT * KH)
                             if k0 == PNB * A8K:
                                 _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
                         a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
@@ -1784,9 +1791,11 @@ def geometry(key) -> dict:
     pn, pn1 = tune.get("PN", 0), tune.get("PN1", 0)
     if pn not in range(9):
         raise ValueError(f"FFNQ_TRITON_TUNE PN={pn}: allowed 0 (off) to 8 (K steps of the next stage-2 item)")
-    # PN1: the same at stage 1 (its items have twice the K steps of stage 2's at TP1)
+    # PN1: the same in stage 1's loop (its items have twice the K steps of stage 2's at TP1), for
+    # the next item of either stage: a CTA's last stage-1 item asks for its first stage-2 item's
+    # rows, whose bytes need no stage-1 tile (at 1-3 tokens, one item a CTA a stage, only that)
     if pn1 not in range(9):
-        raise ValueError(f"FFNQ_TRITON_TUNE PN1={pn1}: allowed 0 (off) to 8 (K steps of the next stage-1 item)")
+        raise ValueError(f"FFNQ_TRITON_TUNE PN1={pn1}: allowed 0 (off) to 8 (K steps of the next item, from stage 1)")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
