@@ -292,6 +292,40 @@ def test_next_item_prefetch_keeps_the_pipeline(tokens, monkeypatch):
             K.geometry(key)
 
 
+def test_one_loop_over_the_stage_two_items(monkeypatch):
+    """FL: a CTA's stage-2 items as one loop, which Triton flattens with their K loops and
+    pipelines across items. The stage's last loop then holds the items' headers (the acquire
+    read of the wait) beside its pipelined copies, with no gpu.barrier (which would stop the
+    pipelining; FL's barriers are inline PTX); the per-item build's last loop is a K loop alone.
+    Its stage 2 takes every BLOCKS-th item (with DQ only stage 1 takes tickets); it needs no
+    stage-2 headers early (HP 0 or 2) and no PN; CDNA builds it off; the refusals name the values."""
+    from ffnq.backends.triton import kernel as K
+    key = offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, 9)
+
+    def last_loop(tune):
+        monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
+        ck = offline.compile_key(key, "sm_90")
+        g = ck.asm["ttgir"]
+        loop = g[g.rindex("scf.for"):]
+        return loop[:loop.index("ttg.async_wait {num = 0")], offline.nv_resources(ck)
+
+    per_item, _ = last_loop("DQ=0,HP=0")
+    for tune in ("DQ=0,HP=0,FL=1", "HP=2,FL=1"):  # (nine tokens: DQ = 1 in the table)
+        one, res = last_loop(tune)
+        assert "tt.atomic_rmw add, acquire" in one and one.count("async_copy_global_to_local") >= 4, tune
+        assert "gpu.barrier" not in one and "bar.sync 0" in one, tune
+        assert res["spills"] == 0 and res["regs"] <= 255, (tune, res)
+    assert "tt.atomic_rmw add, acquire" not in per_item and "async_copy_global_to_local" in per_item
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=1,HP=0")
+    assert offline.constexprs_for(key, True)["FL"] == 0 and offline.constexprs_for(key, False)["FL"] == 1
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=1")  # nine tokens: HP = 3 (the table)
+    with pytest.raises(ValueError, match=r"FL=1 \(width 9\): needs HP 0 or 2, PN=0 .* HP=3, PN=0, A8=2"):
+        K.geometry(key)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=2")
+    with pytest.raises(ValueError, match=r"FL=2: allowed 0 \(a loop per item\) or 1"):
+        K.geometry(key)
+
+
 def test_fp32_dots_at_tf32_are_counted():
     """An fp32 tt.dot at tf32 precision is counted, and a build holding one is refused, named
     (offline rows and TritonRunner.warm); the f16 dots Triton also tags tf32 are not counted."""
@@ -551,7 +585,8 @@ def _claims_and_items(r, S: int) -> tuple[int, list]:
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "A8T=4", "DQ=1",
-                                  "HP=3", "HP=3,A8=0,DQ=1"])
+                                  "HP=3", "HP=3,A8=0,DQ=1", "FL=1", "FL=1,KH=2,A8=1,HP=2",
+                                  "FL=1,DQ=1"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
@@ -562,7 +597,9 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), on
     four act terms (A8T=4), with a CTA's items after its first from one counter (DQ=1,
     TP1's 4-16 tokens), and with each stage-2 item's header read at the end of the item before
-    (HP=3: both stages), on the fp8 act and on the fp16 one."""
+    (HP=3: both stages), on the fp8 act and on the fp16 one, and with stage 2's items as one
+    loop's body (FL=1, the interpreter's loop over them; with halves of I_R in steps of one tile
+    and stage 1's headers early; with stage 1's items from the counter, stage 2's every BLOCKS-th)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -613,7 +650,7 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["DQ=1,KS=2", "DQ=1,KS=2,HP=3"])
+@pytest.mark.parametrize("tune", ["DQ=1,KS=2", "DQ=1,KS=2,HP=3", "DQ=1,KS=2,FL=1"])
 def test_interpreter_items_taken_from_counters(tune, monkeypatch):
     """DQ=1 (TP1's 4-16 tokens, configs/triton-measured.toml): after its first item a CTA takes
     the next ticket of one counter for both stages, not every BLOCKS-th item; its first stage-2
@@ -621,7 +658,8 @@ def test_interpreter_items_taken_from_counters(tune, monkeypatch):
     launch here). The interpreter runs CTAs one after another, so on a grid of 7 CTA 0 takes
     every ticket after the first round: each item must still run exactly once (the counter ends
     at the items' count) and the step match the reference, split K's fix-up included; also
-    with each item's successor and header taken at the end of the item before (HP=3)."""
+    with each item's successor and header taken at the end of the item before (HP=3), and with
+    stage 2 as one loop (FL=1: its items every BLOCKS-th, so only stage 1's are claimed)."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
@@ -634,7 +672,7 @@ def test_interpreter_items_taken_from_counters(tune, monkeypatch):
     assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7 and g["HP"] == (3 if "HP" in tune else 0)
     q, (n1, n2) = _claims_and_items(r, S)
     assert n1 > 7 and n2 > 7  # more items than CTAs: the counter is in use
-    assert q == n1 + n2  # one claim per item run: every item once
+    assert q == n1 + (0 if "FL" in tune else n2)  # one claim per item run: every item once
     _assert_step_matches(r, out, ref, slots)
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
 
@@ -860,7 +898,8 @@ def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
                                           (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1"), (Experts.ALL, "PLR=4"),
                                           (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=1"), (Experts.ALL, "DQ=1,HP=3"),
-                                          (Experts.ALL, "SPS=2"), (Experts.LOCAL, "SPS=2")])
+                                          (Experts.ALL, "SPS=2"), (Experts.LOCAL, "SPS=2"),
+                                          (Experts.LOCAL, "FL=1,SPS=2"), (Experts.ALL, "FL=1,DQ=1")])
 def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
@@ -868,7 +907,8 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     over the live rows (PLR=4); LOCAL and ALL with the items from one counter on a grid of 7, so
     that most items are taken from it (DQ=1: on at TP1's 4-16 tokens, not yet at TP2); ALL and
     LOCAL with the sum of each row's own slots (SPS=2: on at TP1, not yet at TP2; LOCAL's rows
-    have route entries of other ranks' experts, which have no slot here)."""
+    have route entries of other ranks' experts, which have no slot here); with stage 2 as one
+    loop over a CTA's items (FL=1), LOCAL's and (stage 1 from the counter) ALL's."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -905,7 +945,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
             if "DQ" in tune:  # every item once, most from the counter
                 q, (n1, n2) = _claims_and_items(rs[k], S)
                 assert n1 > 7 and n2 > 7
-                assert q == n1 + n2
+                assert q == n1 + (0 if "FL" in tune else n2)  # (FL: stage 2's items every BLOCKS-th)
     finally:
         for b in bufs:
             symm.BUFFERS.pop(b.data_ptr(), None)

@@ -351,7 +351,7 @@ def _rank_faulted(fault, e):
 
 @triton.jit
 def _record_fault(fault, peers, e, phase, rank, mask, waited, pid, at, P_FBOX: tl.constexpr, TP: tl.constexpr,
-                  WRITE_BOX: tl.constexpr):
+                  WRITE_BOX: tl.constexpr, ASM: tl.constexpr = False):
     """First fault of this launch on this rank: the scratch record, then (timeouts) this rank's
     note in every peer's fault_box, all before any -e flag is published (release orders them)."""
     e64 = e.to(tl.int64)
@@ -371,8 +371,18 @@ def _record_fault(fault, peers, e, phase, rank, mask, waited, pid, at, P_FBOX: t
                 tl.store(box + 1, z + mask)
                 tl.store(box + 2, z + phase)
                 tl.store(box + 3, z + waited)
-        tl.debug_barrier()
+        _cta_sync(ASM)
         tl.atomic_xchg(fault + F_VALID, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def _cta_sync(ASM: tl.constexpr):
+    """A CTA barrier. ASM (FL's loop only): as inline PTX, which Triton's pipeliner does not see;
+    a gpu.barrier in a loop body stops that loop's software pipelining (scripts/flat_loop_probe.py)."""
+    if ASM:
+        tl.inline_asm_elementwise("bar.sync 0;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.debug_barrier()
 
 
 @triton.jit
@@ -573,11 +583,12 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
 
 @triton.jit
 def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
-                CHK: tl.constexpr):
-    """Wait until the GPU-local counter *ptr reaches target."""
+                CHK: tl.constexpr, ASM: tl.constexpr = False):
+    """Wait until the GPU-local counter *ptr reaches target; its last value read."""
     v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    _spin_count(ptr, v, 0, target, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
-    tl.debug_barrier()
+    v = _spin_count(ptr, v, 0, target, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK, ASM)
+    _cta_sync(ASM)
+    return v
 
 
 @triton.jit
@@ -620,10 +631,10 @@ def _count_deadline(timeout_ns, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
 
 @triton.jit
 def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, IS_HIP: tl.constexpr,
-                INTERP: tl.constexpr, CHK: tl.constexpr):
+                INTERP: tl.constexpr, CHK: tl.constexpr, ASM: tl.constexpr = False):
     """Spin until the GPU-local counter *ptr has grown by ``need`` from ``base`` (v: its last value
-    read). The count is work of other CTAs of this launch and always arrives, so the bound, 4x
-    timeout, is a last resort that records a fault; the clock is read every CHK polls."""
+    read, returned updated). The count is work of other CTAs of this launch and always arrives, so
+    the bound, 4x timeout, is a last resort that records a fault; the clock is read every CHK polls."""
     if v - base < need:
         t0, deadline = _count_deadline(timeout_ns, IS_HIP, INTERP)
         t = t0
@@ -635,7 +646,8 @@ def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.c
             if n % CHK == 0:
                 t = now_u(IS_HIP, INTERP)
         if v - base < need:
-            _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
+            _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False, ASM)
+    return v
 
 
 @triton.jit
@@ -770,6 +782,63 @@ def _pn_w13(w13, wn, ej, lane, first_expert, MODE: tl.constexpr, H: tl.constexpr
                      NB)
 
 
+@triton.jit
+def _s2_fl_item(w, w0, n1, ecta, sync, scratch, w2, s2, ypart, first_expert, fault, e, rank, timeout_ns, pid,
+                sub_row, hh, kn, c8, tw8, yrow, yrm, MODE: tl.constexpr, S: tl.constexpr, H: tl.constexpr,
+                I_R: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, NT: tl.constexpr, NHT: tl.constexpr,
+                KH: tl.constexpr, SP: tl.constexpr, A8: tl.constexpr, A8T: tl.constexpr, SQ2: tl.constexpr,
+                NS2: tl.constexpr, SPS: tl.constexpr, PS: tl.constexpr, PSO: tl.constexpr, NSL: tl.constexpr,
+                SC_WTAB: tl.constexpr, SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, SACC: tl.constexpr,
+                TIMELINE: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr, CHK: tl.constexpr,
+                ASM: tl.constexpr):
+    """(FL) One stage-2 item (fp8 act terms, A8) as the body of a loop over all of a CTA's items,
+    which Triton flattens with their K loops into one software-pipelined loop: the next item's
+    first loads are issued during this item's last steps (no fill and drain a seam). That needs
+    the item's id from the loop index (no DQ ticket), no gpu.barrier in the body (ASM: its
+    barriers as inline PTX), and the act's address through the wait's value (never taken), so
+    the pipeliner issues an item's act loads after the wait for its tiles, not before."""
+    j = (w - n1) // (NHT * KH)
+    t = (w - n1) % (NHT * KH) // KH
+    kh = (w - n1) % KH
+    kq = kh * (I_R // KH)
+    ej = tl.load(ecta + j)
+    le = ej.to(tl.int64)
+    if MODE == 1:
+        le = (ej - first_expert).to(tl.int64)
+    wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
+    sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
+    ym = yrm
+    if SPS == 2:
+        ym &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + yrow, mask=ym, other=0.0) != 0.0
+    v = _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK, ASM)
+    a8 = (_as(scratch, SC_ACT8, tl.float8e4nv) + (v < 0).to(tl.int64) * 16
+          + ((j * A8T + c8 // SQ2) * SP + c8 % SQ2)[None, :].to(tl.int64) * I_R + kn[:, None])
+    asc = _as(scratch, SC_ASC, tl.float32) + j * NT
+    if TIMELINE:
+        if w == w0:
+            _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
+    A8K: tl.constexpr = BN if A8 == 1 else 128
+    yt8 = tl.zeros((BH, A8T * SQ2), tl.float32)
+    for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
+        for q in tl.static_range(A8K // BN):
+            kk = kq + k0 + q * BN
+            av = tl.load(a8 + kk, cache_modifier=".cg")
+            wq = tl.load(wbase + kk + kn[None, :])
+            sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
+            yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
+    yv = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
+    tl.store(ypart + ((j * KH + kh) * S + yrow[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yv,
+             mask=ym[None, :])
+    _cta_sync(ASM)
+    if PS:
+        tl.atomic_add(sync + PSO + j * NHT + t, 1, sem="release", scope="gpu")
+    else:
+        tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")
+    if TIMELINE:
+        if w == w0:
+            _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
+
+
 # ---------------------------------------------------------------------------------------------
 # the kernel
 # ---------------------------------------------------------------------------------------------
@@ -800,7 +869,7 @@ def ffn_kernel(
     A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, HP: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr, PN: tl.constexpr, PN1: tl.constexpr,
+    SC_INV: tl.constexpr, PN: tl.constexpr, PN1: tl.constexpr, FL: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -1266,10 +1335,11 @@ def ffn_kernel(
                 c8 = tl.arange(0, A8T * SQ2)
                 tw8 = tl.exp2((c8 // SQ2) * -4.0)  # term t counts 16^-t
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
-            if DQ:
+            if DQ & (FL == 0):
                 # one queue for both stages: the item stage 1's last claim took (or pid), so the
                 # CTAs free first take the first experts' stage-2 items, whose tiles are done first
-                # (the fused launch, STAGE 0: w, where stage 1's loop left it)
+                # (the fused launch, STAGE 0: w, where stage 1's loop left it). FL: stage 2 keeps
+                # the static schedule below (a ticket stage 1 claimed past its items goes unused)
                 if STAGE == 4:
                     w = tl.load(meta + BLOCKS + pid)
             else:
@@ -1290,102 +1360,117 @@ def ffn_kernel(
             if HP & 1:  # the first item's header; each next one's is read at the end of the item before
                 hej, hv, hym = _s2_header(w, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32) + yrow, yrm,
                                           SP, NHT, KH, SPS)
-            # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
-            # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
-            while w < wend:
-                j = (w - n1) // (NHT * KH)
-                t = (w - n1) % (NHT * KH) // KH
-                kh = (w - n1) % KH
-                kq = kh * (I_R // KH)
-                if HP & 1:
-                    ej = hej
+            if FL:  # (FL) the CTA's items, every BLOCKS-th, as one pipelined loop (_s2_fl_item)
+                if INTERP:  # (the interpreter cannot range() from the program id)
+                    while w < wend:
+                        _s2_fl_item(w, w0, n1, ecta, sync, scratch, w2, s2, ypart, first_expert, fault, e, rank,
+                                    timeout_ns, pid, sub_row, hh, kn, c8, tw8, yrow, yrm, MODE, S, H, I_R, BH, BN, NT,
+                                    NHT, KH, SP, A8, A8T, SQ2, NS2, SPS, PS, PSO, NSL, SC_WTAB, SC_ACT8, SC_ASC, SACC,
+                                    TIMELINE, IS_HIP, INTERP, CHK, False)
+                        w += BLOCKS
                 else:
-                    ej = tl.load(ecta + j)
-                le = ej.to(tl.int64)
-                if MODE == 1:
-                    le = (ej - first_expert).to(tl.int64)
-                wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
-                sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
-                if HP & 1:
-                    ym = hym
-                else:
-                    ym = yrm
-                    if SPS == 2:
-                        ym &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + yrow, mask=ym, other=0.0) != 0.0
-                if HP & 1:
-                    _spin_count(sync + j, hv, 0, NT, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
+                    for wf in tl.range(w, wend, BLOCKS, flatten=True):
+                        _s2_fl_item(wf, w0, n1, ecta, sync, scratch, w2, s2, ypart, first_expert, fault, e, rank,
+                                    timeout_ns, pid, sub_row, hh, kn, c8, tw8, yrow, yrm, MODE, S, H, I_R, BH, BN, NT,
+                                    NHT, KH, SP, A8, A8T, SQ2, NS2, SPS, PS, PSO, NSL, SC_WTAB, SC_ACT8, SC_ASC, SACC,
+                                    TIMELINE, IS_HIP, INTERP, CHK, True)
+            else:
+                # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
+                # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
+                while w < wend:
+                    j = (w - n1) // (NHT * KH)
+                    t = (w - n1) % (NHT * KH) // KH
+                    kh = (w - n1) % KH
+                    kq = kh * (I_R // KH)
+                    if HP & 1:
+                        ej = hej
+                    else:
+                        ej = tl.load(ecta + j)
+                    le = ej.to(tl.int64)
+                    if MODE == 1:
+                        le = (ej - first_expert).to(tl.int64)
+                    wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
+                    sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
+                    if HP & 1:
+                        ym = hym
+                    else:
+                        ym = yrm
+                        if SPS == 2:
+                            ym &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + yrow, mask=ym, other=0.0) != 0.0
+                    if HP & 1:
+                        _spin_count(sync + j, hv, 0, NT, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
+                        tl.debug_barrier()
+                    else:
+                        _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
+                    # claimed once the item's tiles are in: a CTA waiting for them (one with no
+                    # stage-1 item waits from the router on) holds no next item meanwhile
+                    nxt = _claim(sync + QOFF, DQ)
+                    if A8:
+                        a8 = (_as(scratch, SC_ACT8, tl.float8e4nv)
+                              + ((j * A8T + c8 // SQ2) * SP + c8 % SQ2)[None, :].to(tl.int64) * I_R + kn[:, None])
+                        asc = _as(scratch, SC_ASC, tl.float32) + j * NT
+                    if TIMELINE:
+                        if w == w0:
+                            _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
+                    # A8 = 2 and fp16: steps of 128 (A8: two stage-1 tiles, an MMA each); A8 = 1: one tile
+                    A8K: tl.constexpr = BN if A8 == 1 else 128
+                    # (PN) the next item's first PN steps asked of the L2 at the step where this loop's
+                    # pipeline issues its last load (NS2 - 1 steps ahead), its expert read two steps before
+                    PNS: tl.constexpr = (I_R // KH) // A8K
+                    PNB: tl.constexpr = PNS - NS2 if PNS > NS2 else 0
+                    PNA: tl.constexpr = PNB - 2 if PNB > 2 else 0
+                    PNN: tl.constexpr = PN * A8K if PN * A8K < I_R // KH else I_R // KH
+                    pwn = lane * 0
+                    pej = lane * 0 - 1
+                    if A8:
+                        # fp8 x fp8 as stage 1: [BH, BN] w2 codes @ [BN, 4 x SQ2] act terms per stage-1 tile,
+                        # each product times w2's block scale x the tile's act scale
+                        yt8 = tl.zeros((BH, A8T * SQ2), tl.float32)
+                        for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
+                            if PN:
+                                if k0 == PNA * A8K:
+                                    pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, BLOCKS, DQ, 1, NHT * KH)
+                                if k0 == PNB * A8K:
+                                    _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
+                            for q in tl.static_range(A8K // BN):
+                                kk = kq + k0 + q * BN
+                                av = tl.load(a8 + kk, cache_modifier=".cg")
+                                wq = tl.load(wbase + kk + kn[None, :])
+                                sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
+                                yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
+                        yv = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
+                    else:
+                        yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
+                        for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
+                            if PN:
+                                if k0 == PNA * A8K:
+                                    pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, BLOCKS, DQ, 1, NHT * KH)
+                                if k0 == PNB * A8K:
+                                    _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
+                            a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
+                                        mask=rmask[None, :], other=0.0, cache_modifier=".cg")
+                            wq = tl.load(wbase + kq + k0 + ki[None, :])
+                            yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                        yv = yt * (1.0 / SHIFT)
+                    if HP & 1:  # the successor and its header now, their round trips behind this store and release
+                        wn = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
+                        hej, hv, hym = _s2_header(wn, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32) + yrow, yrm,
+                                                  SP, NHT, KH, SPS)
+                    # [BH columns of H, the rows' columns yrow]
+                    tl.store(ypart + ((j * KH + kh) * S + yrow[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yv,
+                             mask=ym[None, :])
                     tl.debug_barrier()
-                else:
-                    _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
-                # claimed once the item's tiles are in: a CTA waiting for them (one with no
-                # stage-1 item waits from the router on) holds no next item meanwhile
-                nxt = _claim(sync + QOFF, DQ)
-                if A8:
-                    a8 = (_as(scratch, SC_ACT8, tl.float8e4nv)
-                          + ((j * A8T + c8 // SQ2) * SP + c8 % SQ2)[None, :].to(tl.int64) * I_R + kn[:, None])
-                    asc = _as(scratch, SC_ASC, tl.float32) + j * NT
-                if TIMELINE:
-                    if w == w0:
-                        _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
-                # A8 = 2 and fp16: steps of 128 (A8: two stage-1 tiles, an MMA each); A8 = 1: one tile
-                A8K: tl.constexpr = BN if A8 == 1 else 128
-                # (PN) the next item's first PN steps asked of the L2 at the step where this loop's
-                # pipeline issues its last load (NS2 - 1 steps ahead), its expert read two steps before
-                PNS: tl.constexpr = (I_R // KH) // A8K
-                PNB: tl.constexpr = PNS - NS2 if PNS > NS2 else 0
-                PNA: tl.constexpr = PNB - 2 if PNB > 2 else 0
-                PNN: tl.constexpr = PN * A8K if PN * A8K < I_R // KH else I_R // KH
-                pwn = lane * 0
-                pej = lane * 0 - 1
-                if A8:
-                    # fp8 x fp8 as stage 1: [BH, BN] w2 codes @ [BN, 4 x SQ2] act terms per stage-1 tile,
-                    # each product times w2's block scale x the tile's act scale
-                    yt8 = tl.zeros((BH, A8T * SQ2), tl.float32)
-                    for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
-                        if PN:
-                            if k0 == PNA * A8K:
-                                pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, BLOCKS, DQ, 1, NHT * KH)
-                            if k0 == PNB * A8K:
-                                _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
-                        for q in tl.static_range(A8K // BN):
-                            kk = kq + k0 + q * BN
-                            av = tl.load(a8 + kk, cache_modifier=".cg")
-                            wq = tl.load(wbase + kk + kn[None, :])
-                            sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
-                            yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
-                    yv = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
-                else:
-                    yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                    for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
-                        if PN:
-                            if k0 == PNA * A8K:
-                                pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, BLOCKS, DQ, 1, NHT * KH)
-                            if k0 == PNB * A8K:
-                                _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
-                        a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
-                                    mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                        wq = tl.load(wbase + kq + k0 + ki[None, :])
-                        yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-                    yv = yt * (1.0 / SHIFT)
-                if HP & 1:  # the successor and its header now, their round trips behind this store and release
-                    wn = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
-                    hej, hv, hym = _s2_header(wn, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32) + yrow, yrm,
-                                              SP, NHT, KH, SPS)
-                # [BH columns of H, the rows' columns yrow]
-                tl.store(ypart + ((j * KH + kh) * S + yrow[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yv,
-                         mask=ym[None, :])
-                tl.debug_barrier()
-                if PS:  # per (slot, tile): phase E sums a tile's slots as they finish, in slot order
-                    tl.atomic_add(sync + PSO + j * NHT + t, 1, sem="release", scope="gpu")
-                else:
-                    tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
-                if TIMELINE:
-                    if w == w0:
-                        _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
-                if HP & 1:
-                    w = wn
-                else:
-                    w = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
+                    if PS:  # per (slot, tile): phase E sums a tile's slots as they finish, in slot order
+                        tl.atomic_add(sync + PSO + j * NHT + t, 1, sem="release", scope="gpu")
+                    else:
+                        tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
+                    if TIMELINE:
+                        if w == w0:
+                            _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
+                    if HP & 1:
+                        w = wn
+                    else:
+                        w = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
             _stamp(sub_row, 5, IS_HIP, INTERP, TIMELINE)
     # no grid barrier: the sum of a chunk waits for its own H tiles only
 
@@ -1550,7 +1635,7 @@ def _p2(n: int) -> int:
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for;
 # R: the width's register cap on NVIDIA, launch_options)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "PN", "PN1", "R",
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "FL", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "PN", "PN1", "R",
                            "RPG", "RTOP", "SPS", "SQ", "X8T"})
 
 
@@ -1796,11 +1881,22 @@ def geometry(key) -> dict:
     # rows, whose bytes need no stage-1 tile (at 1-3 tokens, one item a CTA a stage, only that)
     if pn1 not in range(9):
         raise ValueError(f"FFNQ_TRITON_TUNE PN1={pn1}: allowed 0 (off) to 8 (K steps of the next item, from stage 1)")
+    # FL: stage 2 as one loop over a CTA's items (every BLOCKS-th) and their K steps, which Triton
+    # 3.6 flattens and pipelines across items (_s2_fl_item): the next item's first loads in flight
+    # during this one's last steps. PN's aim without a prefetch, at the cost of DQ's counter at
+    # stage 2 (an item taken from a counter is not known when its loads would be issued ahead;
+    # with DQ stage 1 keeps the counter)
+    fl = tune.get("FL", 0)
+    if fl not in (0, 1):
+        raise ValueError(f"FFNQ_TRITON_TUNE FL={fl}: allowed 0 (a loop per item) or 1 (one loop over the items)")
+    if fl and (hp & 1 or pn or not a8):
+        raise ValueError(f"FFNQ_TRITON_TUNE FL=1 (width {key.tokens}): needs HP 0 or 2, PN=0 and the fp8 act "
+                         f"(A8 1 or 2); this build has HP={hp}, PN={pn}, A8={a8}")
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
-                 A8T=a8t, DQ=dq, HP=hp, PN=pn if i_r else 0, PN1=pn1 if i_r else 0,
+                 A8T=a8t, DQ=dq, HP=hp, PN=pn if i_r else 0, PN1=pn1 if i_r else 0, FL=fl,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
                  EW=bool(tune.get("EW", int(key.tp == 1))))
     nsl, nht = max(1, nslot), H // bh
@@ -1894,6 +1990,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         g["PN"] = g["PN1"] = 0
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
         g["LL"] = False
+        g["FL"] = 0  # (its barriers as sm_90 PTX; and CDNA keeps the fp16 act)
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, P_SEAM_LL=peer["seam_ll"].offset, P_MOE_LL=peer["moe_ll"].offset,
              NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),

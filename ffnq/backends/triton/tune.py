@@ -15,7 +15,7 @@ ENV = "FFNQ_TRITON_TUNE"
 # every key kernel.geometry, kernel.constexprs, kernel.launch_options, kernel.max_scale and
 # runner.blocks_for read (tests/test_triton_tune.py checks the source's reads against it)
 KEYS = frozenset({
-    "A8", "A8T", "BH", "BN", "CHK", "COOP", "CPS", "DQ", "EW", "F8", "FENCE", "FR", "FW", "HP", "JB", "KH", "KS",
+    "A8", "A8T", "BH", "BN", "CHK", "COOP", "CPS", "DQ", "EW", "F8", "FENCE", "FL", "FR", "FW", "HP", "JB", "KH", "KS",
     "KSFIX", "LL", "NS", "NS2", "NSS", "PDL", "PLR", "PN", "PN1", "PRE", "PS", "R", "RPG", "RTOP", "SACC", "SOLO", "SORT", "SPS",
     "SQ", "SQ2", "X8T",
 })
