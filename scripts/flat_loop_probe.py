@@ -21,8 +21,15 @@ the spin comes before the act load in the loop body. Triton 3.6 (this probe, 202
   * carried loads nothing ahead: an item id carried across steps is not known when a later
     step's copy would be issued; with a barrier in the body the loop is not pipelined at all.
 So the one-loop form needs each CTA's items fixed up front (a function of the step index, not a
-claim) and no CTA barrier in the body, which the kernel's scalar broadcasts and its release of a
-partial both use. Usage: python scripts/flat_loop_probe.py
+claim) and no CTA barrier in the body, which the kernel's release of a partial uses.
+
+  fused   the per-item form inside tl.range(flatten=True) (Triton fuses the two loops itself),
+          the release behind a CTA barrier written as tl.debug_barrier or as inline PTX
+
+The thirty-fifth session (2026-12-04): Triton flattens and pipelines `fused` three steps ahead
+when its barrier is inline PTX (the pipeliner sees no gpu.barrier; a scalar atomic's broadcast
+gets its barrier only when lowered, after pipelining), and not at all with tl.debug_barrier:
+the kernel's FL (kernel._s2_fl_item). Usage: python scripts/flat_loop_probe.py
 """
 from __future__ import annotations
 
@@ -110,6 +117,30 @@ def carried(w_ptr, x_ptr, y_ptr, cnt, n_items, KSTEPS: tl.constexpr, BH: tl.cons
             it += 264
 
 
+@triton.jit
+def fused(w_ptr, x_ptr, y_ptr, cnt, n_items, KSTEPS: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr,
+          NS: tl.constexpr, DEP: tl.constexpr):
+    """The kernel's FL form: a loop over the CTA's items (every 264-th) around each item's K loop,
+    flattened by Triton itself (tl.range(flatten=True)); the wait with its data edge, the partial
+    stored and released behind a CTA barrier: with DEP as inline PTX (bar.sync), which the
+    pipeliner does not see, else as tl.debug_barrier (a gpu.barrier)."""
+    pid = tl.program_id(0)
+    hh, kk, nn = tl.arange(0, BH), tl.arange(0, BK), tl.arange(0, 16)
+    for it in tl.range(pid, n_items, 264, flatten=True):
+        v = _spin(cnt, it)
+        acc = tl.zeros((BH, 16), tl.float32)
+        for k in tl.range(0, KSTEPS, num_stages=NS):
+            w = tl.load(w_ptr + (it * BH + hh)[:, None].to(tl.int64) * (KSTEPS * BK) + k * BK + kk[None, :])
+            x = tl.load(x_ptr + (k * BK + kk)[:, None] * 16 + nn[None, :] + (v < 0).to(tl.int32) * 16)
+            acc = tl.dot(w, x, acc)
+        tl.store(y_ptr + (it * BH + hh)[:, None] * 16 + nn[None, :], acc)
+        if DEP:
+            tl.inline_asm_elementwise("bar.sync 0;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.debug_barrier()
+        tl.atomic_add(cnt + 100000 + it, 1, sem="release", scope="gpu")
+
+
 def schedule(fn, dep: bool = False, name: str | None = None) -> dict:
     """The loop body's facts from fn's sm_90 TTGIR: pipelined weight copies, and whether the spin
     (the first acquire atomic in the loop) precedes the act load."""
@@ -133,5 +164,6 @@ def schedule(fn, dep: bool = False, name: str | None = None) -> dict:
 if __name__ == "__main__":
     print(f"triton {triton.__version__}")
     for fn, dep, name in ((nested, False, None), (flat, False, None), (flat, True, "dep"), (carried, False, None),
-                          (carried, True, "carried+barrier")):
+                          (carried, True, "carried+barrier"), (fused, False, "fused+gpu.barrier"),
+                          (fused, True, "fused+bar.sync")):
         print(schedule(fn, dep, name))

@@ -1,7 +1,7 @@
 """scripts/flat_loop_probe.py (sm_90, offline): what one pipelined loop over a CTA's items needs
 from Triton 3.6: a data edge from an item's counter wait to its act's address (or the wait orders
 nothing), items fixed by the step index (a carried item id loads nothing ahead) and no CTA
-barrier in the body (then nothing is pipelined)."""
+barrier in the body (then nothing is pipelined), which a barrier as inline PTX is not (FL)."""
 import importlib.util
 from pathlib import Path
 
@@ -28,3 +28,7 @@ def test_what_one_loop_over_the_items_needs():
     # an item carried across steps: nothing ahead; a barrier in the body: no copies at all
     assert carried["ahead"] == 0 and carried["copies"] > 0
     assert barrier["copies"] == 0
+    # Triton's own flattening of the per-item loops: pipelined with the release's barrier as PTX
+    fused_gpu, fused_asm = p.schedule(p.fused), p.schedule(p.fused, dep=True)
+    assert fused_gpu["copies"] == 0
+    assert fused_asm["ahead"] == 3 and fused_asm["spin_in_loop"] and fused_asm["spin_before_act"] is True
