@@ -796,7 +796,9 @@ def _s2_fl_item(w, w0, n1, ecta, sync, scratch, w2, s2, ypart, first_expert, fau
     first loads are issued during this item's last steps (no fill and drain a seam). That needs
     the item's id from the loop index (no DQ ticket), no gpu.barrier in the body (ASM: its
     barriers as inline PTX), and the act's address through the wait's value (never taken), so
-    the pipeliner issues an item's act loads after the wait for its tiles, not before."""
+    the pipeliner issues an item's act loads after the wait for its tiles, not before. Its header,
+    K loop and epilogue are the per-item loop's A8 path without HP's and PN's hooks, written
+    apart so the default builds keep their code (one of the two goes once FL is measured)."""
     j = (w - n1) // (NHT * KH)
     t = (w - n1) % (NHT * KH) // KH
     kh = (w - n1) % KH
