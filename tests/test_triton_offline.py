@@ -310,7 +310,7 @@ def test_one_loop_over_the_stage_two_items(monkeypatch):
         return loop[:loop.index("ttg.async_wait {num = 0")], offline.nv_resources(ck)
 
     per_item, _ = last_loop("DQ=0,HP=0")
-    for tune in ("DQ=0,HP=0,FL=1", "HP=2,FL=1"):  # (nine tokens: DQ = 1 in the table)
+    for tune in ("DQ=0,HP=0,FL=1", "HP=2,FL=1", "HP=2,FL=1,PN1=2"):  # (nine tokens: DQ = 1 in the table)
         one, res = last_loop(tune)
         assert "tt.atomic_rmw add, acquire" in one and one.count("async_copy_global_to_local") >= 4, tune
         assert "gpu.barrier" not in one and "bar.sync 0" in one, tune

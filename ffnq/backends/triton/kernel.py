@@ -722,17 +722,20 @@ def _s2_header(w, wend, n1, ecta, sync, wrow, yrm, SP: tl.constexpr, NHT: tl.con
 
 
 @triton.jit
-def _pn_next(nxt, w, n1, wend, ecta, lane, BLOCKS: tl.constexpr, DQ: tl.constexpr, PER1: tl.constexpr,
-             PER2: tl.constexpr):
+def _pn_next(nxt, w, n1, wend, ecta, lane, first2, BLOCKS: tl.constexpr, DQ: tl.constexpr, PER1: tl.constexpr,
+             PER2: tl.constexpr, FIRST2: tl.constexpr):
     """(PN, PN1) This CTA's next item and its expert, in warp 0's lanes (expert -1 elsewhere and
     past the last item; items 0..n1-1 are stage 1's, PER1 an expert, n1..wend-1 stage 2's, PER2),
     read inside a K loop with no CTA barrier (one would stop its pipelining): the ticket _claim
     took is in lane 0 of warp 0 (its [128] tensor: a lane a thread), and a warp shuffle hands it
-    to the warp's other lanes."""
+    to the warp's other lanes. FIRST2 (FL with DQ): a ticket past stage 1's items is not this
+    CTA's next item; its first stage-2 item, every BLOCKS-th, is (first2)."""
     if DQ:
         tk = tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, 0, 0x1f, 0xffffffff;", "=r,r", [nxt],
                                        dtype=tl.int32, is_pure=False, pack=1)
         wn = BLOCKS + tk
+        if FIRST2:
+            wn = tl.where(wn < n1, wn, first2)
     else:
         wn = w + BLOCKS + lane * 0
     j = tl.where(wn < n1, wn // PER1, (wn - n1) // PER2)
@@ -1223,6 +1226,9 @@ def ffn_kernel(
             P1A: tl.constexpr = P1B - 2 if P1B > 2 else 0
             P1N: tl.constexpr = PN1 * BK if PN1 * BK < KSTEP else KSTEP
             P1N2: tl.constexpr = PN1 * 128 if PN1 * 128 < I_R // KH else I_R // KH
+            f2 = pid
+            if pid < n_items:  # (FL) this CTA's first stage-2 item, every BLOCKS-th from its own
+                f2 += ((n_items - pid + BLOCKS - 1) // BLOCKS) * BLOCKS
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             if HP & 2:  # the first item's expert; each next one's is read at the end of the item before
                 hej = tl.load(ecta + w // (KS * NT), mask=w < n_items, other=0)
@@ -1253,8 +1259,8 @@ def ffn_kernel(
                 for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
                     if PN1:
                         if k0 == P1A * BK:
-                            pwn, pej = _pn_next(nxt, w, n_items, n_items + n_active * (NHT * KH), ecta, lane, BLOCKS,
-                                                DQ, KS * NT, NHT * KH)
+                            pwn, pej = _pn_next(nxt, w, n_items, n_items + n_active * (NHT * KH), ecta, lane, f2,
+                                                BLOCKS, DQ, KS * NT, NHT * KH, FL)
                         if k0 == P1B * BK:  # a stage-1 item's rows, or (the CTA's last) a stage-2 item's
                             _pn_w13(w13, pwn, tl.where(pwn < n_items, pej, -1), lane, first_expert, MODE, H, I_R, BN,
                                     NT, KS, KSTEP, P1N)
@@ -1431,7 +1437,7 @@ def ffn_kernel(
                         for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
                             if PN:
                                 if k0 == PNA * A8K:
-                                    pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, BLOCKS, DQ, 1, NHT * KH)
+                                    pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, 0, BLOCKS, DQ, 1, NHT * KH, False)
                                 if k0 == PNB * A8K:
                                     _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
                             for q in tl.static_range(A8K // BN):
@@ -1446,7 +1452,7 @@ def ffn_kernel(
                         for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
                             if PN:
                                 if k0 == PNA * A8K:
-                                    pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, BLOCKS, DQ, 1, NHT * KH)
+                                    pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, 0, BLOCKS, DQ, 1, NHT * KH, False)
                                 if k0 == PNB * A8K:
                                     _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
                             a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
