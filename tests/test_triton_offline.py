@@ -297,8 +297,8 @@ def test_one_loop_over_the_stage_two_items(monkeypatch):
     pipelines across items. The stage's last loop then holds the items' headers (the acquire
     read of the wait) beside its pipelined copies, with no gpu.barrier (which would stop the
     pipelining; FL's barriers are inline PTX); the per-item build's last loop is a K loop alone.
-    Its stage 2 takes every BLOCKS-th item (with DQ only stage 1 takes tickets); it needs no
-    stage-2 headers early (HP 0 or 2) and no PN; CDNA builds it off; the refusals name the values."""
+    Its stage 2 takes every BLOCKS-th item (with DQ only stage 1 takes tickets); HP keeps only
+    its stage-1 half; FL refuses PN, named; CDNA builds it off."""
     from ffnq.backends.triton import kernel as K
     key = offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, 9)
 
@@ -310,16 +310,17 @@ def test_one_loop_over_the_stage_two_items(monkeypatch):
         return loop[:loop.index("ttg.async_wait {num = 0")], offline.nv_resources(ck)
 
     per_item, _ = last_loop("DQ=0,HP=0")
-    for tune in ("DQ=0,HP=0,FL=1", "HP=2,FL=1", "HP=2,FL=1,PN1=2"):  # (nine tokens: DQ = 1 in the table)
+    for tune in ("DQ=0,HP=0,FL=1", "FL=1", "FL=1,PN1=2"):  # (nine tokens: DQ = 1, HP = 3 in the table)
         one, res = last_loop(tune)
         assert "tt.atomic_rmw add, acquire" in one and one.count("async_copy_global_to_local") >= 4, tune
         assert "gpu.barrier" not in one and "bar.sync 0" in one, tune
         assert res["spills"] == 0 and res["regs"] <= 255, (tune, res)
     assert "tt.atomic_rmw add, acquire" not in per_item and "async_copy_global_to_local" in per_item
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=1,HP=0")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=1")
     assert offline.constexprs_for(key, True)["FL"] == 0 and offline.constexprs_for(key, False)["FL"] == 1
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=1")  # nine tokens: HP = 3 (the table)
-    with pytest.raises(ValueError, match=r"FL=1 \(width 9\): needs HP 0 or 2, PN=0 .* HP=3, PN=0, A8=2"):
+    assert K.geometry(key)["HP"] == 2  # the table's HP = 3 less its stage-2 half
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=1,PN=2")
+    with pytest.raises(ValueError, match=r"FL=1 \(width 9\): needs PN=0 and the fp8 act .* PN=2, A8=2"):
         K.geometry(key)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=2")
     with pytest.raises(ValueError, match=r"FL=2: allowed 0 \(a loop per item\) or 1"):

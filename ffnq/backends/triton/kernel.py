@@ -1893,13 +1893,15 @@ def geometry(key) -> dict:
     # 3.6 flattens and pipelines across items (_s2_fl_item): the next item's first loads in flight
     # during this one's last steps. PN's aim without a prefetch, at the cost of DQ's counter at
     # stage 2 (an item taken from a counter is not known when its loads would be issued ahead;
-    # with DQ stage 1 keeps the counter)
+    # with DQ stage 1 keeps the counter). HP's stage-2 half has no place in that loop (the pipeline
+    # reads each item's header steps ahead): FL clears it and keeps HP's stage-1 half
     fl = tune.get("FL", 0)
     if fl not in (0, 1):
         raise ValueError(f"FFNQ_TRITON_TUNE FL={fl}: allowed 0 (a loop per item) or 1 (one loop over the items)")
-    if fl and (hp & 1 or pn or not a8):
-        raise ValueError(f"FFNQ_TRITON_TUNE FL=1 (width {key.tokens}): needs HP 0 or 2, PN=0 and the fp8 act "
-                         f"(A8 1 or 2); this build has HP={hp}, PN={pn}, A8={a8}")
+    if fl and (pn or not a8):
+        raise ValueError(f"FFNQ_TRITON_TUNE FL=1 (width {key.tokens}): needs PN=0 and the fp8 act (A8 1 or 2); "
+                         f"this build has PN={pn}, A8={a8}")
+    hp = hp & 2 if fl else hp
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
