@@ -1640,6 +1640,14 @@ def _p2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def _allowed(key: str, value: int, allowed, meaning: str) -> int:
+    """``value`` of FFNQ_TRITON_TUNE's ``key`` if it is one of ``allowed``; else ValueError, one
+    line naming it and what is allowed (``meaning``)."""
+    if value not in allowed:
+        raise ValueError(f"FFNQ_TRITON_TUNE {key}={value}: allowed {meaning}")
+    return value
+
+
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for;
 # R: the width's register cap on NVIDIA, launch_options)
@@ -1787,9 +1795,7 @@ def geometry(key) -> dict:
     # tokens keep four (configs/triton-measured.toml: their two-term builds spill). v38: TP1's 4-8
     # tokens two terms over 8 columns (N = 16), 0.4-1.2% faster timed in bursts (dev round 104;
     # the 8-token pair above was timed in one window, before the bench timed in bursts)
-    x8t = tune.get("X8T", 4 if cols(4) == 8 else 2)
-    if x8t not in (2, 4):
-        raise ValueError(f"FFNQ_TRITON_TUNE X8T={x8t}: allowed 2 or 4 fp8 terms of x")
+    x8t = _allowed("X8T", tune.get("X8T", 4 if cols(4) == 8 else 2), (2, 4), "2 or 4 fp8 terms of x")
     sq = cols(x8t if f8 else 2)
     # CHK: polls of a wait between its clock/fault checks; PDL: programmatic dependent launch
     # (sm_90); LL: the seam and reduce exchanges as tagged words; PRE: the seam's reads of the
@@ -1822,13 +1828,9 @@ def geometry(key) -> dict:
     # 289.2 against v25's 46.3 / 124.0 / 180.4 / 217.3 / 247.2 / 271.1 / 309.0 (four terms at
     # 9-16: 220.4 / 249.9 / 272.0 / 302.7, with spills); max rel_err over 1-16 tokens 0.00179
     # against 0.00173 (each element keeps its own exponent under the tile's scale)
-    a8 = tune.get("A8", 2) if f8 and i_r > 0 and 128 % bn == 0 else 0
-    if a8 not in (0, 1, 2):
-        raise ValueError(f"FFNQ_TRITON_TUNE A8={a8}: allowed 0 (fp16 act), 1 or 2 (fp8 act terms in steps of "
-                         "one stage-1 tile or of 128)")
-    a8t = tune.get("A8T", 2)
-    if a8t not in (1, 2, 4):
-        raise ValueError(f"FFNQ_TRITON_TUNE A8T={a8t}: allowed 1, 2 or 4 fp8 terms")
+    a8 = _allowed("A8", tune.get("A8", 2) if f8 and i_r > 0 and 128 % bn == 0 else 0, (0, 1, 2),
+                  "0 (fp16 act), 1 or 2 (fp8 act terms in steps of one stage-1 tile or of 128)")
+    a8t = _allowed("A8T", tune.get("A8T", 2), (1, 2, 4), "1, 2 or 4 fp8 terms")
     # DQ: a CTA's items after its first taken from one counter for both stages (stage 2's items
     # numbered after stage 1's; a ticket claimed at a stage-1 item's start, at a stage-2 item's
     # once its tiles are in) instead of every BLOCKS-th: a CTA slowed by its SM's share of the HBM
@@ -1841,16 +1843,14 @@ def geometry(key) -> dict:
     # dev round 99), so 4-16; at 1-3 no gain (a stage's items fit one round; in bursts, dev round
     # 101: 46.0 / 70.5 / 96.9 against 45.8 / 70.9 / 96.8 us, and with three K parts at 1-3 tokens
     # 48.8 / 71.8 / 97.8). TP2, not measured, keeps the every-BLOCKS-th schedule
-    dq = tune.get("DQ", 0)
-    if dq not in (0, 1):
-        raise ValueError(f"FFNQ_TRITON_TUNE DQ={dq}: allowed 0 (every BLOCKS-th item) or 1 (one counter)")
+    dq = _allowed("DQ", tune.get("DQ", 0), (0, 1), "0 (every BLOCKS-th item) or 1 (one counter)")
     # SQ2: stage 2's act token columns per term are at least this many. With two terms, 4 makes the
     # MMA's N 8, which Triton 3.6 lowers to fp16 mma.sync behind a conversion of every w2 code (the
     # 1-4 token builds); 8 gives N = 16 and the fp8 wgmma. Measured, not adopted (dev round 69, TP1
     # side by side twice, p50 us at 1 / 2 / 3 / 4 tokens): 47.0, 47.0 / 69.9, 70.9 / 101.2, 101.2 /
     # 122.3, 122.5 against 46.8, 46.8 / 70.9, 70.9 / 101.6, 101.6 / 122.7, 122.6, a stage-2 item the
     # same 10.2-10.5 us at one token: that stage is bound by its bytes in flight, not the conversion
-    sq2 = tune.get("SQ2", 4)
+    sq2 = _allowed("SQ2", tune.get("SQ2", 4), (4, 8, 16), "4, 8 or 16 (stage 2's least act token columns)")
     # EW: the weights phase A and the top-k read (router, post_norm, router_bias) issued before the
     # PDL wait, so their HBM latency runs beside the previous launch's exit (the runner waits
     # for the stream once per new weights: TritonRunner.settle). v32, TP1 (dev round 82, side by
@@ -1860,8 +1860,6 @@ def geometry(key) -> dict:
     # beside v31 (dev round 83, twice): 46.0, 45.9 / 70.3, 70.2 against 46.3, 46.3 / 70.6, 71.4 at
     # 1 / 2 tokens, 3-16 within the spread both ways (8 tokens' gain above did not come back).
     # Other TPs off unless configs/triton-measured.toml sets it (TP2 since v39, in the one-GPU proxy)
-    if sq2 not in (4, 8, 16):
-        raise ValueError(f"FFNQ_TRITON_TUNE SQ2={sq2}: allowed 4, 8 or 16 (stage 2's least act token columns)")
     # Measured and dropped, their code in the commits named: RS=1 / A8=3, each accumulator kept in
     # units of the last block's scale (a9ac92e; dev round 55: 0.2-1.6% slower, rel_err 0.0030-0.0034
     # against 0.0017); PF, the stage-2 item's w2 rows prefetched to the L2 before its wait (23bca0f;
@@ -1874,30 +1872,23 @@ def geometry(key) -> dict:
     # HP: an item's header (its expert; at stage 2 also its tiles' count and its rows) read at the
     # end of the item before, behind that item's epilogue, not at its own start: bit 1 stage 2,
     # bit 2 stage 1 (there with the route weights its epilogue needs read before its loop)
-    hp = tune.get("HP", 0)
-    if hp not in (0, 1, 2, 3):
-        raise ValueError(f"FFNQ_TRITON_TUNE HP={hp}: allowed 0 (off), 1 (stage 2), 2 (stage 1) or 3 (both)")
+    hp = _allowed("HP", tune.get("HP", 0), (0, 1, 2, 3), "0 (off), 1 (stage 2), 2 (stage 1) or 3 (both)")
     # PN: at stage 2, the next item's first PN K steps (its w2 rows' first PN x 128 bytes) asked of
     # the L2 where the item's K loop issues its last load, so the next item's pipeline fills from
     # the L2 while this one drains (HP's headers gained 0-0.4%: the items' cost is that fill and
     # drain, notes/triton-kernel.md "Thirty-fourth session"). NVIDIA only (a bulk prefetch)
-    pn, pn1 = tune.get("PN", 0), tune.get("PN1", 0)
-    if pn not in range(9):
-        raise ValueError(f"FFNQ_TRITON_TUNE PN={pn}: allowed 0 (off) to 8 (K steps of the next stage-2 item)")
+    pn = _allowed("PN", tune.get("PN", 0), range(9), "0 (off) to 8 (K steps of the next stage-2 item)")
     # PN1: the same in stage 1's loop (its items have twice the K steps of stage 2's at TP1), for
     # the next item of either stage: a CTA's last stage-1 item asks for its first stage-2 item's
     # rows, whose bytes need no stage-1 tile (at 1-3 tokens, one item a CTA a stage, only that)
-    if pn1 not in range(9):
-        raise ValueError(f"FFNQ_TRITON_TUNE PN1={pn1}: allowed 0 (off) to 8 (K steps of the next item, from stage 1)")
+    pn1 = _allowed("PN1", tune.get("PN1", 0), range(9), "0 (off) to 8 (K steps of the next item, from stage 1)")
     # FL: stage 2 as one loop over a CTA's items (every BLOCKS-th) and their K steps, which Triton
     # 3.6 flattens and pipelines across items (_s2_fl_item): the next item's first loads in flight
     # during this one's last steps. PN's aim without a prefetch, at the cost of DQ's counter at
     # stage 2 (an item taken from a counter is not known when its loads would be issued ahead;
     # with DQ stage 1 keeps the counter). HP's stage-2 half has no place in that loop (the pipeline
     # reads each item's header steps ahead): FL clears it and keeps HP's stage-1 half
-    fl = tune.get("FL", 0)
-    if fl not in (0, 1):
-        raise ValueError(f"FFNQ_TRITON_TUNE FL={fl}: allowed 0 (a loop per item) or 1 (one loop over the items)")
+    fl = _allowed("FL", tune.get("FL", 0), (0, 1), "0 (a loop per item) or 1 (one loop over the items)")
     if fl and (pn or not a8):
         raise ValueError(f"FFNQ_TRITON_TUNE FL=1 (width {key.tokens}): needs PN=0 and the fp8 act (A8 1 or 2); "
                          f"this build has PN={pn}, A8={a8}")
@@ -1913,9 +1904,7 @@ def geometry(key) -> dict:
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
     # (PS=2: its polls as acquire loads, not atomics; dev round 81: correct, no faster, notes/triton-kernel.md)
-    ps = tune.get("PS", 0)
-    if ps not in (0, 1, 2):
-        raise ValueError(f"FFNQ_TRITON_TUNE PS={ps}: allowed 0 (off), 1 or 2 (polled by atomics or by loads)")
+    ps = _allowed("PS", tune.get("PS", 0), (0, 1, 2), "0 (off), 1 or 2 (polled by atomics or by loads)")
     ps = ps if nslot > 0 else 0
     # SPS: phase E reads each row's own K slots (route, mapped to slots), not every active slot's
     # partial in batches of JB (at 16 tokens 68 slots: ~13 MB, the sum ~7 us, dev round 82);
@@ -1927,10 +1916,8 @@ def geometry(key) -> dict:
     # tokens: the sum 1.0-1.3 us (median) against 6.9-7.2, stage 2 done 3-4 us sooner (fewer
     # writes beside the weight stream). SPS=1 (reads only) 101.1, 101.4 at 3 tokens, 289.6, 289.2
     # at 16. Other TPs off unless configs/triton-measured.toml sets it (TP2 since v39)
-    sps = tune.get("SPS", 2 if key.tp == 1 else 0)
-    if sps not in (0, 1, 2):
-        raise ValueError(f"FFNQ_TRITON_TUNE SPS={sps}: allowed 0 (every slot), 1 (each row's own slots) or 2 "
-                         "(1, and stage 2 writes only those)")
+    sps = _allowed("SPS", tune.get("SPS", 2 if key.tp == 1 else 0), (0, 1, 2),
+                   "0 (every slot), 1 (each row's own slots) or 2 (1, and stage 2 writes only those)")
     # (phase E's offsets into the partials are int32: [NSLOT x KH, S, H])
     sps = sps if rowtop and nslot > 0 and not ps and nslot * kh * key.tokens * H < 2 ** 31 else 0
     pso = nsl + nht + (nsl * nt if ks > 1 else 0)
