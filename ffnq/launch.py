@@ -194,7 +194,7 @@ def validate(opts: JobOptions) -> JobOptions:
         raise UsageError(f"--backend {opts.backend!r}: allowed auto, {', '.join(BACKENDS)} "
                          f"(or --runner package.module:Class)")
     if opts.backend == "triton":  # a bad override or measured table fails here, not in every rank's build
-        from ffnq.backends.triton.kernel import measured_table
+        from ffnq.backends.triton.geometry import measured_table
         from ffnq.backends.triton.tune import read as read_tune
 
         try:

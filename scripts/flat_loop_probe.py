@@ -29,7 +29,7 @@ claim) and no CTA barrier in the body, which the kernel's release of a partial u
 The thirty-fifth session (2026-12-04): Triton flattens and pipelines `fused` three steps ahead
 when its barrier is inline PTX (the pipeliner sees no gpu.barrier; a scalar atomic's broadcast
 gets its barrier only when lowered, after pipelining), and not at all with tl.debug_barrier:
-the kernel's FL (kernel._s2_fl_item). Usage: python scripts/flat_loop_probe.py
+the kernel's FL (items._s2_fl_item). Usage: python scripts/flat_loop_probe.py
 """
 from __future__ import annotations
 

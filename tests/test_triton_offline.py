@@ -10,7 +10,7 @@ import triton.language as tl  # noqa: E402
 from ffnq.backends import symm
 from ffnq import residency  # noqa: E402
 from ffnq.backends.triton import TritonRunner, offline  # noqa: E402
-from ffnq.backends.triton.kernel import _topk  # noqa: E402
+from ffnq.backends.triton.tiles import _topk  # noqa: E402
 from ffnq.spec import Experts, load_model  # noqa: E402
 
 TARGETS = ["sm_90", "gfx942", "gfx950"]
@@ -63,196 +63,6 @@ def test_local_and_none_modes_compile():
         assert r["resident"]
 
 
-def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
-    """The host-side choices behind v12: one token's 96 stage-1 items of MiniMax-M2 at TP2 split
-    in two K parts on 264 CTAs (192 items, one round), four tokens' 384 in two (768 = three
-    full rounds, not 1.5); rows >= 2 pick their top-k one row per CTA group (v18; from 3 in v17);
-    stage 1 gives each x term 8 token columns at 7-8 tokens, 16 elsewhere (v17); RPG caps the CTAs
-    per row of that pick, 16 by default (v18), always a power of two."""
-    from ffnq.backends.triton import kernel as K
-    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-    spec = load_model("minimax-m2")
-    geo = {s: K.geometry(offline.build_key(spec, 2, Experts.ALL, s)) for s in (1, 2, 3, 4, 5, 6, 7, 8, 16)}
-    assert [geo[s]["KS"] for s in (1, 2, 4, 16)] == [2, 1, 2, 1]
-    # nine tokens: 105 rounds x steps split in two against 108 whole, but the fix-up of a split
-    # tile costs more than that (KSFIX, v17): whole K
-    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 9))["KS"] == 1
-    assert [geo[s]["ROWTOP"] for s in (1, 2, 3, 4, 5, 16)] == [False, True, True, True, True, True]
-    # (v40-v41: 1, 4-5 and 7-8 tokens over 8 columns, as TP1's; device rounds 82-83)
-    assert [geo[s]["SQ"] for s in (1, 4, 6, 7, 8, 16)] == [8, 8, 16, 8, 8, 16]
-    assert [geo[s]["RP"] for s in (1, 2, 4, 16)] == [264, 16, 16, 16]  # at most 16 CTAs per row (v18)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=64")
-    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["RP"] == 64  # the grid's share
-    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))["RP"] == 264  # no per-row pick there
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=12")
-    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["RP"] == 8  # a power of two
-    monkeypatch.delenv("FFNQ_TRITON_TUNE")
-    # a grid that is not a power of two: 192 CTAs over 4 rows is 48 each, 32 taken
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "RPG=64")
-    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 4, blocks=192))["RP"] == 32
-    monkeypatch.delenv("FFNQ_TRITON_TUNE")
-    assert all((3072 // 128) % g["KS"] == 0 for g in geo.values())
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=5")
-    with pytest.raises(ValueError, match="KS=5"):
-        K.geometry(offline.build_key(spec, 2, Experts.ALL, 1))
-    # the measured table (configs/triton-measured.toml): TP1 one token in two K parts (dev round
-    # 45), where the model, pricing stage 1 alone, keeps whole K; FFNQ_TRITON_TUNE overrides it
-    monkeypatch.delenv("FFNQ_TRITON_TUNE")
-    # (two tokens: whole K, the model's pick on v25's grid of 396, where 360 items are one round)
-    assert [K.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
-    assert K.measured("minimax-m2", 1, 1) == {"KS": 2, "CPS": 3, "NS": 3, "SQ": 1}
-    assert K.measured("minimax-m2", 2, 1) == {"EW": 1, "SPS": 2, "SQ": 1, "X8T": 2}
-    assert K.measured("minimax-m2", 2, 2) == {"EW": 1, "SPS": 2}
-    # v28: items from one counter at TP1's 4-15 tokens (v27's per-stage counters were slower at 3
-    # tokens; one counter gains nothing at 1-3); v36: at 16 too (timed in bursts, dev round 99);
-    # v43: at 3 with stage-2 items in two halves of I (KH, v42 at 4: dev rounds 109-112)
-    geo = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
-    dq = {k: g["DQ"] for k, g in geo.items()}
-    assert [s for s in range(1, 17) if dq[1, s]] == list(range(3, 17))
-    assert [s for (tp, s), g in geo.items() if g["KH"] != 1] == [3, 4]
-    # v44: each item's header read at the end of the item before, both stages, at TP1's 5-16
-    # tokens (dev rounds 113-114); TP2 unmeasured
-    assert {k: g["HP"] for k, g in geo.items() if g["HP"]} == {(1, s): 3 for s in range(5, 17)}
-    assert [s for s in range(1, 17) if dq[2, s]] == list(range(4, 17))  # v39, in the one-GPU proxy
-    # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens (v31: 4-6 and 9-11, dev
-    # rounds 75-77; v37: 7-8 and 12-16, dev round 100); three at 1-3 (three CTAs per SM); TP2 four,
-    # but five / four at 5 and 7-16 (v39; six tokens' build would take 122 KB, one CTA per SM), at
-    # 4 (v40, with 8 x columns: 92 KB) and three at 3 (v40, three CTAs per SM)
-    ns = {(tp, s): K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
-    assert [s for s in range(1, 17) if ns[1, s]["NS"] == 5] == list(range(4, 17))
-    assert all(ns[1, s]["NS2"] == 4 for s in range(4, 17)) and ns[1, 3]["NS"] == ns[1, 3]["NS2"] == 3
-    deep = {3: (3, 3), 6: (4, 4), 1: (4, 4), 2: (4, 4)}
-    assert all((ns[2, s]["NS"], ns[2, s]["NS2"]) == deep.get(s, (5, 4)) for s in range(1, 17))
-    # v38: stage 1's MMA N (x terms x token columns) 16 at TP1's 4-8 tokens (dev round 104), 32 at
-    # 9-16; 1-3 tokens 16 (three CTAs per SM); TP2's 1, 4 and 7-8 tokens too (v40-v41, device rounds 82-83)
-    n = {(tp, s): ns[tp, s]["X8T"] * ns[tp, s]["SQ"] for tp in (1, 2) for s in range(1, 17)}
-    assert [n[1, s] for s in range(1, 17)] == [16] * 8 + [32] * 8
-    assert (ns[1, 4]["SQ"], ns[1, 7]["X8T"], ns[2, 7]["X8T"], n[2, 7]) == (8, 2, 2, 16)
-    assert [n[2, s] for s in (1, 2, 4, 5, 6, 7, 8)] == [16, 32, 16, 32, 64, 16, 16]  # 5: four terms over 8 columns
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=1")
-    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["KS"] == 1
-    monkeypatch.setattr(K, "measured_table", lambda: {"tiny": {"tp1": {"w1": {"LL": 0}}}})
-    with pytest.raises(ValueError, match=r"\['LL'\] are not build choices"):
-        K.measured("tiny", 1, 1)
-    # a key for one width only ("KEY@w"), over the plain key at that width
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS@1=2,BH@3=64,BH=128,KS@11=3")
-    tp1 = {s: K.geometry(offline.build_key(spec, 1, Experts.ALL, s)) for s in (1, 2, 3, 11)}
-    assert [tp1[s]["KS"] for s in (1, 2, 3, 11)] == [2, 2, 2, 3]
-    assert [tp1[s]["BH"] for s in (1, 2, 3, 11)] == [128, 128, 64, 128]
-
-
-def test_fp8_stage_one_on_nvidia_only(monkeypatch):
-    """v14: stage 1 multiplies fp8 x terms with the fp8 weight codes on sm_90 (the scale on each K
-    block's product, so no scale limit); CDNA keeps the fp16 path (its fp8 MMA is the fnuz format)."""
-    from ffnq.backends.triton import kernel as K
-    from ffnq.spec import scratch_layout
-    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-    spec = load_model("minimax-m2")
-    key = offline.build_key(spec, 2, Experts.ALL, 4)
-    lay = scratch_layout(key, K.scratch_extra(key))  # the layouts of a launch, as offline builds them
-    cuda, hip = offline.constexprs_for(key, False), offline.constexprs_for(key, True)
-    assert cuda["F8"] and cuda["SACC"] and cuda["SHIFT"] == 1.0 and not hip["F8"] and hip["SACC"]
-    assert K.max_scale() is None
-    # x's scratch holds 4 fp8 terms or the fp16 pair in the same bytes
-    assert lay["x"].nbytes == 2 * 2 * 4 * spec.hidden
-
-
-def test_fp8_stage_two_on_nvidia(monkeypatch):
-    """v24 (A8): stage 2 multiplies fp8 act terms with the fp8 w2 codes (steps of 128, an MMA per
-    stage-1 tile), the act as fp8 terms x 16 token rows per slot and a scale per stage-1 tile in
-    scratch; v26: at every width, two terms (A8T). CDNA and the fp16 x path (F8=0) keep the fp16
-    act; A8T takes 1, 2 or 4 terms and names anything else."""
-    from ffnq.backends.triton import kernel as K
-    from ffnq.spec import scratch_layout
-    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-    spec = load_model("minimax-m2")
-    keys = {s: offline.build_key(spec, tp, Experts.ALL, s) for tp, s in ((1, 1), (2, 8), (2, 16))}
-    assert [K.geometry(k)["A8"] for k in keys.values()] == [2, 2, 2]
-    assert [K.geometry(k)["A8T"] for k in keys.values()] == [2, 2, 2]
-    assert [K.geometry(k)["SQ2"] for k in keys.values()] == [4, 8, 16]
-    assert offline.constexprs_for(keys[1], False)["A8"] == 2 and offline.constexprs_for(keys[1], True)["A8"] == 0
-    g = K.geometry(keys[8])
-    lay = scratch_layout(keys[8], K.scratch_extra(keys[8]))
-    assert lay["act8"].nbytes == g["NSLOT"] * g["A8T"] * 16 * g["I_R"]  # the terms written, two by default
-    assert lay["ascale"].nbytes == 4 * g["NSLOT"] * g["I_R"] // g["BN"]
-    assert "act" in lay  # CDNA's fp16 act, where a build keeps A8 but the target turns it off
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "A8@16=0,A8T@8=4")
-    assert "act8" not in scratch_layout(keys[16], K.scratch_extra(keys[16])) and K.geometry(keys[8])["A8T"] == 4
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "A8T=3")
-    with pytest.raises(ValueError, match="A8T=3: allowed 1, 2 or 4"):
-        K.geometry(keys[1])
-    # SQ2: the least act columns per term (8 gives two terms 16 MMA columns: the fp8 wgmma)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SQ2=8")
-    assert [K.geometry(k)["SQ2"] for k in keys.values()] == [8, 8, 16]
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SQ2=6")
-    with pytest.raises(ValueError, match="SQ2=6: allowed 4, 8 or 16"):
-        K.geometry(keys[1])
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=2")
-    with pytest.raises(ValueError, match=r"DQ=2: allowed 0 \(every BLOCKS-th item\) or 1"):
-        K.geometry(keys[1])
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "HP=4")
-    with pytest.raises(ValueError, match=r"HP=4: allowed 0 \(off\), 1 \(stage 2\), 2 \(stage 1\) or 3"):
-        K.geometry(keys[1])
-    # DQ carries each CTA's claimed stage-2 item between staged launches: a second meta word per CTA
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DQ=1")
-    assert scratch_layout(keys[8], K.scratch_extra(keys[8]))["meta"].nbytes == 2 * 4 * keys[8].blocks
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "F8=0")
-    assert K.geometry(keys[1])["A8"] == 0
-
-
-def test_x_terms(monkeypatch):
-    """X8T, x's fp8 terms (v30): two, so stage 1's MMA has half the columns, except where four
-    make N = 32 from 8 token columns (7-8 tokens) and at TP2's widths whose two-term builds spill
-    (configs/triton-measured.toml); TP1's 4-8 tokens (v38) and TP2's 4 and 7-8 (v40) take two over
-    8 columns there (N = 16);
-    other values are refused, named."""
-    from ffnq.backends.triton import kernel as K
-    spec = load_model("minimax-m2")
-    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-
-    def terms(tp):
-        gs = {s: K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for s in (1, 4, 6, 7, 8, 12, 16)}
-        return {s: (g["X8T"], g["SQ"]) for s, g in gs.items()}
-    assert terms(1) == {1: (2, 8), 4: (2, 8), 6: (2, 8), 7: (2, 8), 8: (2, 8), 12: (2, 16), 16: (2, 16)}
-    # (v40-v41: TP2's 1, 4 and 7-8 tokens two terms over 8 columns, as TP1's, device rounds 82-83)
-    assert terms(2) == {1: (2, 8), 4: (2, 8), 6: (4, 16), 7: (2, 8), 8: (2, 8), 12: (2, 16), 16: (2, 16)}
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T@8=2")
-    assert K.geometry(offline.build_key(spec, 2, Experts.ALL, 8))["SQ"] == 8  # 2 terms x 8 columns
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "X8T=3")
-    with pytest.raises(ValueError, match="X8T=3: allowed 2 or 4"):
-        K.geometry(offline.build_key(spec, 1, Experts.ALL, 1))
-
-
-def test_partial_logits_over_live_rows(monkeypatch):
-    """PLR: phase A's partial logits as FMAs over the live row tile where it is at most PLR rows
-    (v19: 1-2 tokens; v34: TP1's 3-6 tokens, v35 its 7-16, v39 TP2's 3-6, from
-    configs/triton-measured.toml), a 16-row dot elsewhere (TP2's 7-16: 16 rows cost 3-4% there)."""
-    from ffnq.backends.triton import kernel as K
-    spec = load_model("minimax-m2")
-    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-
-    def fma_rows(tp):
-        gs = {s: K.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for s in range(1, 17)}
-        return [s for s, g in gs.items() if g["RT"] <= g["PLR"]]
-    assert fma_rows(1) == list(range(1, 17))
-    assert fma_rows(2) == list(range(1, 7))
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR@7=4")
-    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 7))["PLR"] == 4
-
-
-def test_dropped_keys_are_gone_and_a8_is_checked(monkeypatch):
-    """RS, A8=3, PF and KROT were measured and dropped (their code lives in the commits the
-    geometry names): no build carries them, and A8=3 is refused, named."""
-    from ffnq.backends.triton import kernel as K
-    spec = load_model("minimax-m2")
-    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-    g = K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))
-    assert not {"RS", "PF", "KROT", "TLG"} & set(g) and g["A8"] == 2
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "A8=3")
-    with pytest.raises(ValueError, match="A8=3: allowed 0"):
-        K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))
-
-
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_next_item_prefetch_keeps_the_pipeline(tokens, monkeypatch):
     """PN (PN1): the next item's first K steps asked of the L2 inside a stage-2 (stage-1) item's K
@@ -262,9 +72,9 @@ def test_next_item_prefetch_keeps_the_pipeline(tokens, monkeypatch):
     warp 0's lanes by a shuffle of _claim's [128] tensor, which only works if that tensor has a lane
     a thread. CDNA and the interpreter build them off; 9 is refused, named."""
     import re
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     key = offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, tokens)
-    g = K.geometry(key)
+    g = G.geometry(key)
     built = {}
     for tune in ("", "PN=3", "PN1=2"):
         monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
@@ -289,7 +99,7 @@ def test_next_item_prefetch_keeps_the_pipeline(tokens, monkeypatch):
         assert offline.constexprs_for(key, True)[k] == 0 and offline.constexprs_for(key, False, interp=True)[k] == 0
         monkeypatch.setenv("FFNQ_TRITON_TUNE", f"{k}=9")
         with pytest.raises(ValueError, match=rf"{k}=9: allowed 0 \(off\) to 8"):
-            K.geometry(key)
+            G.geometry(key)
 
 
 def test_one_loop_over_the_stage_two_items(monkeypatch):
@@ -299,7 +109,7 @@ def test_one_loop_over_the_stage_two_items(monkeypatch):
     pipelining; FL's barriers are inline PTX); the per-item build's last loop is a K loop alone.
     Its stage 2 takes every BLOCKS-th item (with DQ only stage 1 takes tickets); HP keeps only
     its stage-1 half; FL refuses PN, named; CDNA builds it off."""
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     key = offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, 9)
 
     def last_loop(tune):
@@ -318,29 +128,29 @@ def test_one_loop_over_the_stage_two_items(monkeypatch):
     assert "tt.atomic_rmw add, acquire" not in per_item and "async_copy_global_to_local" in per_item
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=1")
     assert offline.constexprs_for(key, True)["FL"] == 0 and offline.constexprs_for(key, False)["FL"] == 1
-    assert K.geometry(key)["HP"] == 2  # the table's HP = 3 less its stage-2 half
+    assert G.geometry(key)["HP"] == 2  # the table's HP = 3 less its stage-2 half
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=1,PN=2")
     with pytest.raises(ValueError, match=r"FL=1 \(width 9\): needs PN=0 and the fp8 act .* PN=2, A8=2"):
-        K.geometry(key)
+        G.geometry(key)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=2")
     with pytest.raises(ValueError, match=r"FL=2: allowed 0 \(a loop per item\) or 1"):
-        K.geometry(key)
+        G.geometry(key)
 
 
 def test_fp32_dots_at_tf32_are_counted():
     """An fp32 tt.dot at tf32 precision is counted, and a build holding one is refused, named
     (offline rows and TritonRunner.warm); the f16 dots Triton also tags tf32 are not counted."""
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     f32 = ("%pl = tt.dot %a, %b, %c, inputPrecision = tf32 : tensor<16x16xf32, #ttg.dot_op<{opIdx = 0}>> * "
            "tensor<16x256xf32, #ttg.dot_op<{opIdx = 1}>> -> tensor<16x256xf32, #mma>")
     f16 = ("%r = tt.dot %a, %b, %c, inputPrecision = tf32 : tensor<64x64xf16, #ttg.dot_op<{opIdx = 0}>> * "
            "tensor<64x8xf16, #ttg.dot_op<{opIdx = 1}>> -> tensor<64x8xf32, #mma>")
     ieee = f32.replace("tf32", "ieee")
-    assert K.tf32_dots("\n".join([f32, f16, ieee, f32])) == 2
-    assert K.tf32_dots("\n".join([f16, ieee])) == 0
-    K.check_exact("ffn_w16", "\n".join([f16, ieee]))
+    assert G.tf32_dots("\n".join([f32, f16, ieee, f32])) == 2
+    assert G.tf32_dots("\n".join([f16, ieee])) == 0
+    G.check_exact("ffn_w16", "\n".join([f16, ieee]))
     with pytest.raises(RuntimeError, match="kernel ffn_w16: 1 fp32 tt.dot at tf32 precision"):
-        K.check_exact("ffn_w16", f32)
+        G.check_exact("ffn_w16", f32)
 
 
 def test_partial_logits_over_sixteen_rows_stay_fp32(monkeypatch):
@@ -354,31 +164,13 @@ def test_partial_logits_over_sixteen_rows_stay_fp32(monkeypatch):
     assert row["spills"] == 0 and row["resident"] is True
 
 
-def test_a_measured_register_cap(monkeypatch):
-    """R in a row of configs/triton-measured.toml caps that width's registers on NVIDIA (v43: TP1's
-    three tokens at 168, so three CTAs per SM fit); FFNQ_TRITON_TUNE's R<w> or R@w is over it."""
-    from ffnq.backends.triton import kernel as K
-    spec = load_model("minimax-m2")
-
-    def opts(s, hip=False):
-        key = offline.build_key(spec, 1, Experts.ALL, s)
-        return K.launch_options(offline.constexprs_for(key, hip), key)
-
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    assert opts(3)["maxnreg"] == 168 and "maxnreg" not in opts(4) and "maxnreg" not in opts(3, hip=True)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "R3=200,R@4=160")
-    assert opts(3)["maxnreg"] == 200 and opts(4)["maxnreg"] == 160 and "maxnreg" not in opts(5)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "R=150")
-    assert opts(3)["maxnreg"] == opts(5)["maxnreg"] == 150
-
-
 def test_launch_and_sync_choices(monkeypatch):
     """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
     with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;
     CDNA and the interpreter do neither PDL nor the fence (griddepcontrol and the fence are
     PTX, HIP's launcher knows no launch_pdl); stage-2 tiles have 64 rows at one or two tokens.
     FFNQ_TRITON_TUNE turns each back."""
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")
 
@@ -386,7 +178,7 @@ def test_launch_and_sync_choices(monkeypatch):
         return offline.constexprs_for(offline.build_key(spec, 2, Experts.ALL, s, blocks=blocks), hip, interp)
 
     def opts(c):
-        return K.launch_options(c, offline.build_key(spec, 2, Experts.ALL, c["S"]))
+        return G.launch_options(c, offline.build_key(spec, 2, Experts.ALL, c["S"]))
 
     cuda = cx(1)
     assert cuda["PDL"] and cuda["FENCE"] and cuda["SORT"] and cuda["LL"] and cuda["CHK"] == 8
@@ -439,7 +231,7 @@ def test_the_grid_follows_the_device(monkeypatch, capsys):
     logits per CTA; it compiles resident on 78 SMs (offline --cus)."""
     import torch
     from ffnq.backends.triton import TritonRunner
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")
     assert TritonRunner.for_device(torch.device("cpu")) is TritonRunner
@@ -460,10 +252,10 @@ def test_the_grid_follows_the_device(monkeypatch, capsys):
         assert (r["grid"], r["resident"], r["spills"]) == (396, True, 0) and r["ctas_per_cu"] >= 3, r
     assert pcie.for_device(torch.device("cuda", 0)) is pcie  # its own grid: no device query
     assert pcie.peer_bytes(spec, 2) < TritonRunner.peer_bytes(spec, 2)
-    g = K.geometry(offline.build_key(spec, 2, Experts.ALL, 1, blocks=156))
+    g = G.geometry(offline.build_key(spec, 2, Experts.ALL, 1, blocks=156))
     assert (g["NCH"], g["CH"], g["EPC"], g["BLOCKS"]) == (154, 20, 2, 156)
     for blocks in (100, 128, 156, 160, 191, 192, 228, 264, 396):
-        g = K.geometry(offline.build_key(spec, 2, Experts.ALL, 16, blocks=blocks))
+        g = G.geometry(offline.build_key(spec, 2, Experts.ALL, 16, blocks=blocks))
         # every chunk holds columns: a chunk past H would sum H tiles that do not exist (a CTA
         # of grid 156 waited for them until its bound, dev round 46)
         assert (g["NCH"] - 1) * g["CH"] < g["H"] <= g["NCH"] * g["CH"] and g["NCH"] <= blocks
@@ -479,7 +271,7 @@ def test_offline_build_is_the_launch_build(tune, blocks, monkeypatch):
     (a prewarm that sized them per width missed the cache at widths 2-16, and the device compiled
     30 builds in the check: dev round 42)."""
     from ffnq.backends.triton import TritonRunner
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # a runner on this CPU: its constexprs, no launch
     spec = load_model("minimax-m2")
@@ -491,7 +283,7 @@ def test_offline_build_is_the_launch_build(tune, blocks, monkeypatch):
         assert key == r.keys[s]
         for final in (False, True):
             cx = offline.constexprs_for(key, False, interp=True, final=final)
-            assert cx == r._cx[(s, final)] and K.launch_options(cx, key) == r._opts[(s, final)]
+            assert cx == r._cx[(s, final)] and G.launch_options(cx, key) == r._opts[(s, final)]
     # three tokens' measured register cap (v43) reaches the launch as the prewarm's
     assert r._opts[(3, False)]["maxnreg"] == 168
     # (396 without a grid of its own: TP1 one token is 3 CTAs per SM, configs/triton-measured.toml)
@@ -503,7 +295,7 @@ def test_scale_range_is_checked_only_for_the_fp16_scale_path(monkeypatch):
     """SACC=0 folds the block scale into fp16 operands (x 2^8): warm refuses a scale that would
     overflow there, naming the tensor and the limit; the default path takes any scale."""
     import torch
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     from ffnq.errors import UsageError
     from ffnq.weights import shard, synthetic
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # a cpu runner; warm fails before any launch
@@ -512,28 +304,15 @@ def test_scale_range_is_checked_only_for_the_fp16_scale_path(monkeypatch):
     w.s13 = w.s13 * 0 + 0.75  # 448 x 0.75 x 2^8 > 65504
     pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "SACC=0,F8=0")
-    assert K.max_scale() == pytest.approx(0.5711, abs=1e-4)
+    assert G.max_scale() == pytest.approx(0.5711, abs=1e-4)
     r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[1], model=spec)
     with pytest.raises(UsageError, match=r"s13 is 0.75.*below 0.571"):
         r.warm(w)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    assert K.max_scale() is None
+    assert G.max_scale() is None
     r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[1], model=spec)
     r.warm(w)  # the interpreter's warm records the width without compiling
     assert r.describe(1)["grid"] == 264 and torch.isfinite(w.s13).all()
-
-
-def test_static_formulas():
-    # sm_90: 255 regs x 128 threads -> 2 CTAs/SM; 64 regs -> 8 by registers (16 by threads)
-    assert residency.occupancy_sm90(255, 0, 128)[0] == 2
-    assert residency.occupancy_sm90(64, 0, 128)[0] == 8
-    assert residency.occupancy_sm90(32, 200 * 1024, 128)[0] == 1  # shared memory bound
-    # CDNA: 128 VGPRs -> 4 waves/SIMD; a 4-wave WG takes one wave per SIMD -> 4 WGs/CU
-    assert residency.occupancy_cdna(128, 0, 4, 0)[0] == 4
-    assert residency.occupancy_cdna(128, 0, 4, 40 * 1024, "gfx942")[0] == 1  # LDS bound on 64 KiB
-    assert residency.occupancy_cdna(128, 0, 4, 40 * 1024, "gfx950")[0] == 4
-    with pytest.raises(RuntimeError, match="cannot be resident"):
-        residency.check("k", 0, 132, 128)
 
 
 def _tp1_runner(runner_cls, S: int, weights_seed: int):
@@ -577,8 +356,8 @@ def _assert_step_matches(r, out, ref, slots):
 
 def _claims_and_items(r, S: int) -> tuple[int, list]:
     """(DQ) The work counter after a step of width S, and the two stages' item counts."""
-    from ffnq.backends.triton import kernel as K
-    g = K.geometry(r.keys[S])
+    from ffnq.backends.triton import geometry as G
+    g = G.geometry(r.keys[S])
     n_act = int(r.view(S, "meta")[0])
     items = [n_act * (g["I_R"] // g["BN"]) * g["KS"], n_act * (g["H"] // g["BH"]) * g["KH"]]
     return int(r.view(S, "sync")[g["QOFF"]]), items
@@ -619,9 +398,9 @@ def test_interpreter_tp1_whole_rows_router(monkeypatch):
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     r, out, res, ref = _tp1_step(TritonRunner, torch.tensor([0, 1]), 3, 7)
-    assert K.geometry(r.keys[2])["FR"] == 1
+    assert G.geometry(r.keys[2])["FR"] == 1
     assert reference.compare(out, ref.out)["rel_err"] < 1e-2
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
     assert torch.equal(r.view(2, "route").long(), ref.chosen)
@@ -640,9 +419,9 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     spec = load_model("tiny")
-    g0 = K.geometry(offline.build_key(spec, 1, Experts.ALL, 2, blocks=blocks))
+    g0 = G.geometry(offline.build_key(spec, 1, Experts.ALL, 2, blocks=blocks))
     assert g0["NCH"] * g0["CH"] > spec.hidden  # the case under test
     r, out, res, ref = _tp1_step(TritonRunner.with_grid(blocks), torch.tensor([0, 1]), 8, 9)
     assert r.fault(2) is None
@@ -664,12 +443,12 @@ def test_interpreter_items_taken_from_counters(tune, monkeypatch):
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     S = 3
     slots = torch.tensor([0, -1, 2])
     r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), slots, 4, 6)
-    g = K.geometry(r.keys[S])
+    g = G.geometry(r.keys[S])
     assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7 and g["HP"] == (3 if "HP" in tune else 0)
     q, (n1, n2) = _claims_and_items(r, S)
     assert n1 > 7 and n2 > 7  # more items than CTAs: the counter is in use
@@ -681,48 +460,24 @@ def test_interpreter_items_taken_from_counters(tune, monkeypatch):
 def test_progressive_sum_counters(monkeypatch):
     """PS=1 or 2: a counter per (slot, H tile) after the split-K arrivals, before the work
     counter; off by default and where a build has no slots; other values refused."""
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     spec = load_model("minimax-m2")
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    g0 = K.geometry(offline.build_key(spec, 1, Experts.ALL, 16))
+    g0 = G.geometry(offline.build_key(spec, 1, Experts.ALL, 16))
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PS=1")
-    g1 = K.geometry(offline.build_key(spec, 1, Experts.ALL, 16))
+    g1 = G.geometry(offline.build_key(spec, 1, Experts.ALL, 16))
     nht = spec.hidden // g1["BH"]
     assert g0["PS"] == 0 and g0["QOFF"] == g0["PSO"]
     assert g1["PS"] == 1 and g1["PSO"] == g0["PSO"] and g1["QOFF"] == g1["PSO"] + g1["NSL"] * nht
     assert g1["NSYNC"] == g0["NSYNC"] + g1["NSL"] * nht and g1["NSLP2"] >= g1["NSL"]
-    assert K.geometry(offline.build_key(spec, 1, Experts.NONE, 16))["PS"] == 0
+    assert G.geometry(offline.build_key(spec, 1, Experts.NONE, 16))["PS"] == 0
     # PS=2 polls by loads: a lane per thread, so the prefix's min crosses the warps (dev round 80)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PS=2")
-    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 2))["NSLP2"] == 32 * K.NUM_WARPS
-    assert offline.NUM_WARPS == TritonRunner.NUM_WARPS == K.NUM_WARPS
+    assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 2))["NSLP2"] == 32 * G.NUM_WARPS
+    assert offline.NUM_WARPS == TritonRunner.NUM_WARPS == G.NUM_WARPS
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PS=3")
     with pytest.raises(ValueError, match="PS=3"):
-        K.geometry(offline.build_key(spec, 1, Experts.ALL, 2))
-
-
-def test_early_weights_default_and_settling(monkeypatch):
-    """EW (v32): TP1 builds read their weights before the PDL wait, TP2's too as
-    configs/triton-measured.toml sets it there (v39), other TPs' not unless asked; the runner waits for the stream once per set of weight tensors it has not seen, and a new
-    tensor at a freed one's address is a new set."""
-    import torch
-    from ffnq.backends.triton import kernel as K
-    from ffnq.backends.triton.runner import SettledWeights
-    spec = load_model("minimax-m2")
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    assert [K.geometry(offline.build_key(spec, tp, Experts.ALL, 4))["EW"] for tp in (1, 2, 4)] == [True, True, False]
-    assert K.measured("minimax-m2", 2, 4)["EW"] == 1 and "EW" not in K.measured("minimax-m2", 4, 4)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "EW=0")
-    assert not K.geometry(offline.build_key(spec, 1, Experts.ALL, 4))["EW"]
-    seen = SettledWeights()
-    a = [torch.ones(4), torch.ones(8), torch.ones(2)]
-    assert seen.first(a) and not seen.first(a) and not seen.first(list(a))
-    b = [a[0], torch.ones(8), a[2]]  # one tensor replaced: a set not waited for
-    assert seen.first(b) and not seen.first(b)
-    addr = a[1].data_ptr()
-    del a, b
-    c = [torch.ones(4), torch.ones(8), torch.ones(2)]  # maybe at the freed addresses: still new
-    assert seen.first(c) and len(seen._refs) == 1, (addr, c[1].data_ptr())
+        G.geometry(offline.build_key(spec, 1, Experts.ALL, 2))
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
@@ -734,7 +489,7 @@ def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     cls = TritonRunner.with_grid(blocks) if blocks else TritonRunner
     slots = torch.tensor([0, -1, 2, 3])
     runs = {}
@@ -744,43 +499,13 @@ def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
         monkeypatch.setenv("FFNQ_TRITON_TUNE", ",".join(t for t in (tune, f"PS={ps}", "SPS=0") if t))
         runs[ps] = _tp1_step(cls, slots, 3, 11)
     r, out, res, ref = runs[1]
-    g = K.geometry(r.keys[4])
+    g = G.geometry(r.keys[4])
     assert g["PS"] == 1 and runs[0][0].fault(4) is None and r.fault(4) is None
     assert torch.equal(out, runs[0][1]) and torch.equal(res, runs[0][2])
     assert reference.compare(out, ref.out, rows=torch.tensor([0, 2, 3]))["rel_err"] < 1e-2
     n_act, nht = int(r.view(4, "meta")[0]), g["H"] // g["BH"]
     cnt = r.view(4, "sync")[g["PSO"]:g["QOFF"]].view(g["NSL"], nht)
     assert n_act > 1 and (cnt[:n_act] == g["KH"]).all() and (cnt[n_act:] == 0).all()
-
-
-def test_sum_of_each_rows_own_slots_geometry(monkeypatch):
-    """SPS=1 or 2: 2 by default at TP1 (v33), at TP2 from the measured table (v39), off at other
-    TPs unless asked; only where phase B picks the rows (the
-    route is written before barrier 2) and PS is off; an expert -> slot table per CTA in the
-    scratch only then; other values refused."""
-    from ffnq.backends.triton import kernel as K
-
-    def regions(k) -> dict:
-        return {n: shape for n, _, shape in K.scratch_extra(k)}
-
-    spec = load_model("minimax-m2")
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    key = offline.build_key(spec, 1, Experts.ALL, 16)
-    key2, key4 = (offline.build_key(spec, tp, Experts.ALL, 16) for tp in (2, 4))
-    assert K.geometry(key2)["SPS"] == 2 and "inv" in regions(key2)
-    assert K.geometry(key4)["SPS"] == 0 and "inv" not in regions(key4)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=0")
-    assert K.geometry(key)["SPS"] == 0 and "inv" not in regions(key)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    g = K.geometry(key)
-    assert g["SPS"] == 2 and g["ROWTOP"]
-    assert regions(key)["inv"] == (key.blocks, g["EP2"])
-    assert K.geometry(offline.build_key(spec, 1, Experts.ALL, 2))["SPS"] == 0  # FR: every CTA's top-k
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=1,PS=1")
-    assert K.geometry(key)["SPS"] == 0
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=3")
-    with pytest.raises(ValueError, match="SPS=3"):
-        K.geometry(key)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
@@ -793,7 +518,7 @@ def test_interpreter_sum_of_each_rows_own_slots(tune, monkeypatch):
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     S = 4
     r, full, w = _tp1_runner(TritonRunner, S, 5)
@@ -805,7 +530,7 @@ def test_interpreter_sum_of_each_rows_own_slots(tune, monkeypatch):
         out, res, ref = _tp1_run(r, full, w, slots, g)
         assert reference.compare(out, ref.out, rows=live)["rel_err"] < 1e-2, step
         assert (out[1] == 0).all() and r.fault(S) is None
-    geo = K.geometry(r.keys[S])
+    geo = G.geometry(r.keys[S])
     assert geo["SPS"] == int(tune[4]) and geo["KH"] == (2 if "KH" in tune else 1)
     n_act = int(r.view(S, "meta")[0])
     ecta = r.view(S, "ecta")[0, :n_act].long()
@@ -825,12 +550,12 @@ def test_interpreter_row_topk_and_split_k(tune, monkeypatch):
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     S = 6
     slots = torch.tensor([0, 1, -1, 3, 4, 5])
     r, out, res, ref = _tp1_step(TritonRunner, slots, 6, 8)
-    geo = K.geometry(r.keys[S])
+    geo = G.geometry(r.keys[S])
     assert geo["KS"] == 2 and geo["ROWTOP"]
     _assert_step_matches(r, out, ref, slots)
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2

@@ -34,13 +34,13 @@ def test_the_keys_are_the_ones_the_builds_read():
     """KEYS against the source's reads: a key added to the kernel without KEYS would be refused,
     and a key left in KEYS after its code is dropped would be silently ignored."""
     pytest.importorskip("triton")
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
 
-    src = Path(K.__file__).parent
-    read = set(re.findall(r'\btune\.get\("([A-Z0-9]+)"', (src / "kernel.py").read_text()))
+    src = Path(G.__file__).parent
+    read = set(re.findall(r'\btune\.get\("([A-Z0-9]+)"', "".join(p.read_text() for p in src.glob("*.py"))))
     read |= set(re.findall(r'\bover\.get\("([A-Z0-9]+)"', (src / "runner.py").read_text()))
     assert read == tune.KEYS
-    assert K.MEASURED_KEYS <= tune.KEYS
+    assert G.MEASURED_KEYS <= tune.KEYS
 
 
 def test_cps_sets_a_widths_grid_and_the_flags_hold_it(monkeypatch):
@@ -76,9 +76,9 @@ def test_the_command_refuses_a_bad_override_before_any_rank(tmp_path):
 def test_a_misspelt_measured_row_is_refused_named(table, named):
     """configs/triton-measured.toml: a row no build would look up is an error, not a no-op."""
     pytest.importorskip("triton")
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
 
     with pytest.raises(ValueError, match=named):
-        K.check_measured(table)
-    K.measured_table.cache_clear()
-    assert K.check_measured(K.measured_table())  # the shipped table
+        G.check_measured(table)
+    G.measured_table.cache_clear()
+    assert G.check_measured(G.measured_table())  # the shipped table

@@ -57,7 +57,7 @@ def build_key(model: ModelSpec, tp: int, experts: Experts, tokens: int, timeline
 def _standins(key: FfnBuild):
     """CPU tensors with the dtypes of a launch (the binder only reads dtype and alignment)."""
     import torch
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     t = {n: torch.empty(16, dtype=torch.bfloat16) for n in ("part", "residual", "out", "res_out")}
     t.update(slots=torch.empty(16, dtype=torch.int64), post_norm=torch.empty(16), router=torch.empty(16),
              router_bias=torch.empty(16), w13=torch.empty(16, dtype=torch.float8_e4m3fn), s13=torch.empty(16),
@@ -65,14 +65,14 @@ def _standins(key: FfnBuild):
              scratch=torch.empty(16, dtype=torch.uint8), peers=torch.empty(16, dtype=torch.int64),
              epoch=torch.empty(16, dtype=torch.int32), inject=torch.empty(16, dtype=torch.int32),
              cfg=torch.empty(16, dtype=torch.int64), rank=0, first_expert=0)
-    return [t[n] for n in K.ARG_NAMES]
+    return [t[n] for n in G.ARG_NAMES]
 
 
 def constexprs_for(key: FfnBuild, hip: bool, interp: bool = False, stage: int = 0, final: bool = False) -> dict:
     """Every constexpr of one build, with the scratch and peer layouts a launch of it uses."""
-    from ffnq.backends.triton import kernel as K
-    lay = scratch_layout(key, K.scratch_extra(key))
-    return K.constexprs(key, lay, peer_layout(key.model, key.tp, key.flags), hip, interp, stage=stage, final=final)
+    from ffnq.backends.triton import geometry as G
+    lay = scratch_layout(key, G.scratch_extra(key))
+    return G.constexprs(key, lay, peer_layout(key.model, key.tp, key.flags), hip, interp, stage=stage, final=final)
 
 
 def compile_key(key: FfnBuild, target: str, stage: int = 0, final: bool = False):
@@ -81,12 +81,13 @@ def compile_key(key: FfnBuild, target: str, stage: int = 0, final: bool = False)
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
     from triton import knobs
+    from ffnq.backends.triton import geometry as G
     from ffnq.backends.triton import kernel as K
     tgt = _target(target)
     backend = make_backend(tgt)
     fn = K.ffn_kernel
     cx = constexprs_for(key, tgt.backend == "hip", stage=stage, final=final)
-    kwargs = dict(cx, num_warps=NUM_WARPS, num_stages=NUM_STAGES, **K.launch_options(cx, key))
+    kwargs = dict(cx, num_warps=NUM_WARPS, num_stages=NUM_STAGES, **G.launch_options(cx, key))
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     binder = create_function_from_signature(fn.signature, fn.params, backend)
@@ -146,7 +147,7 @@ def amd_resources(ck) -> dict:
 def width_row(key: FfnBuild, target: str, cus: int | None = None, final: bool = False) -> dict:
     """Compile one width for one target; resources and static residency. The step's last launch
     (``final``, with the handshake) is its own variant; the table reports the plain one."""
-    from ffnq.backends.triton import kernel as K
+    from ffnq.backends.triton import geometry as G
     t0 = time.perf_counter()
     ck = compile_key(key, target, final=final)
     dt = time.perf_counter() - t0
@@ -159,7 +160,7 @@ def width_row(key: FfnBuild, target: str, cus: int | None = None, final: bool = 
         row.update(regs=r.get("regs"), spills=r.get("spills", 0), static_shared=r.get("static_shared", 0),
                    mma=r.get("mma"))
         try:
-            K.check_exact(row["kernel"], ck.asm["ttgir"])
+            G.check_exact(row["kernel"], ck.asm["ttgir"])
         except RuntimeError as e:
             row["error"] = str(e)
     else:

@@ -12,6 +12,7 @@ import weakref
 
 import torch
 
+from ffnq.backends.triton import geometry as G
 from ffnq.backends.triton import kernel as K
 from ffnq.backends.triton import tune
 from ffnq.errors import UsageError
@@ -64,7 +65,7 @@ class TritonRunner(Runner):
     CTAS_PER_SM = 2
     GRID_FROM_DEVICE = True
     MEASURED_GRID = True
-    NUM_WARPS = K.NUM_WARPS
+    NUM_WARPS = G.NUM_WARPS
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
 
     @classmethod
@@ -92,7 +93,7 @@ class TritonRunner(Runner):
         hip = torch.version.hip is not None if hip is None else hip
         if model is None or hip or not cls.MEASURED_GRID:
             return cls.BLOCKS
-        cps = over.get("CPS", K.measured(model.name, tp, width).get("CPS", cls.CTAS_PER_SM))
+        cps = over.get("CPS", G.measured(model.name, tp, width).get("CPS", cls.CTAS_PER_SM))
         return cls.BLOCKS // cls.CTAS_PER_SM * cps
 
     @classmethod
@@ -109,7 +110,7 @@ class TritonRunner(Runner):
     def flag_blocks(cls) -> int:
         grids = [v for k, v in tune.read().items() if k[:1] == "G" and k[1:].isdigit()]
         if cls.MEASURED_GRID:
-            cps = max([K.most_measured("CPS", cls.CTAS_PER_SM), *tune.values("CPS")])
+            cps = max([G.most_measured("CPS", cls.CTAS_PER_SM), *tune.values("CPS")])
             grids.append(cls.BLOCKS // cls.CTAS_PER_SM * cps)
         return max([cls.BLOCKS, *grids])
 
@@ -137,10 +138,10 @@ class TritonRunner(Runner):
         self.interp = _interp()
         self.params = torch.tensor([self.keys[self.widths[0]].timeout_ns], dtype=torch.int64, device=self.device)
         # one compiled variant per (width, final): the handshake is a constexpr branch
-        self._cx = {(s, f): K.constexprs(k, self.layouts[s], self.peer_regions, self.is_hip, self.interp, final=f)
+        self._cx = {(s, f): G.constexprs(k, self.layouts[s], self.peer_regions, self.is_hip, self.interp, final=f)
                     for s, k in self.keys.items() for f in (False, True)}
         # launch options once per build, not per launch (R<width> parses FFNQ_TRITON_TUNE)
-        self._opts = {sf: K.launch_options(cx, self.keys[sf[0]]) for sf, cx in self._cx.items()}
+        self._opts = {sf: G.launch_options(cx, self.keys[sf[0]]) for sf, cx in self._cx.items()}
         self._info: dict[int, dict] = {}
         self._dummy = {}
         self._settled = SettledWeights()
@@ -149,7 +150,7 @@ class TritonRunner(Runner):
             if self.device.type == "cuda" else set()
 
     def scratch_extra(self, key) -> list:
-        return K.scratch_extra(key)
+        return G.scratch_extra(key)
 
     def _weights(self, w):
         """The weight tensors the kernel reads (a one-element stand-in where a mode has none)."""
@@ -173,7 +174,7 @@ class TritonRunner(Runner):
     def _launch(self, s, args, final=False):
         cx = self._cx[(s, bool(final))]
         if self.interp:
-            for stage in K.STAGES:
+            for stage in G.STAGES:
                 self._launch_stage(s, args, stage, final)
             return None
         return K.ffn_kernel[(self.keys[s].blocks,)](*args, **cx, num_warps=self.NUM_WARPS, num_stages=2,
@@ -190,12 +191,12 @@ class TritonRunner(Runner):
         s = self.check_inputs(part, residual, slots)
         out, res_out = torch.empty_like(part), torch.empty_like(residual)
         args = self._args(s, part, residual, slots, out, res_out, weights)
-        return [lambda st=st: self._launch_stage(s, args, st, final) for st in K.STAGES], (out, res_out)
+        return [lambda st=st: self._launch_stage(s, args, st, final) for st in G.STAGES], (out, res_out)
 
     def warm(self, weights, compute_units: int | None = None) -> None:
         from ffnq import residency
         m = self.model
-        limit = K.max_scale()
+        limit = G.max_scale()
         for name in ("s13", "s2") if limit else ():
             t = getattr(weights, name, None)
             big = float(t.abs().max()) if t is not None and t.numel() else 0.0
@@ -218,7 +219,7 @@ class TritonRunner(Runner):
                 cx = self._cx[(s, final)]
                 cks[final] = K.ffn_kernel.warmup(*args, grid=(grid,), **cx, num_warps=self.NUM_WARPS, num_stages=2,
                                                  **self._opts[(s, final)])
-                K.check_exact(info["kernel"], cks[final].asm["ttgir"])
+                G.check_exact(info["kernel"], cks[final].asm["ttgir"])
                 cks[final]._init_handles()
             ck, fk = cks[False], cks[True]
             info.update(compile_s=round(time.perf_counter() - t0, 3), n_regs=ck.n_regs, n_spills=ck.n_spills,

@@ -3,7 +3,7 @@
 "BN=32,NS=6" sets keys at every width; "KEY@w=v" sets KEY at width w only, over a plain "KEY=v".
 The value is part of the compiled variant: the offline prewarm and the runner must see the same.
 A key that no code reads is refused, named: a typo, or a key whose code was dropped (see
-kernel.geometry's notes), would otherwise time the default build under another name.
+geometry.geometry's notes), would otherwise time the default build under another name.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 
 ENV = "FFNQ_TRITON_TUNE"
 
-# every key kernel.geometry, kernel.constexprs, kernel.launch_options, kernel.max_scale and
+# every key geometry.geometry, geometry.constexprs, geometry.launch_options, geometry.max_scale and
 # runner.blocks_for read (tests/test_triton_tune.py checks the source's reads against it)
 KEYS = frozenset({
     "A8", "A8T", "BH", "BN", "CHK", "COOP", "CPS", "DQ", "EW", "F8", "FENCE", "FL", "FR", "FW", "HP", "JB", "KH", "KS",
