@@ -36,7 +36,9 @@ Widths = Annotated[str, typer.Option(help="row counts: lists and ranges, e.g. 1-
                                      rich_help_panel=JOB)]
 Timeout = Annotated[float, typer.Option("--timeout", help="the kernel's bound on every wait (seconds)",
                                         rich_help_panel=JOB)]
-Seed = Annotated[int, typer.Option(help="seed of the synthetic weights and inputs", rich_help_panel=JOB)]
+Seed = Annotated[Optional[int], typer.Option(help="seed of the synthetic weights and inputs; default: a fresh one "
+                                             "each run, shown in the title and saved in the report",
+                                             rich_help_panel=JOB)]
 Deadline = Annotated[Optional[float], typer.Option("--deadline", help="the whole job's bound (seconds); "
                                                    "default: derived from the work", rich_help_panel=JOB)]
 Nnodes = Annotated[int, typer.Option(help="torchrun --nnodes (ranks per node = tp / nnodes)",
@@ -89,12 +91,13 @@ def _guard(fn):
 
 
 def _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint, deadline, **kw):
-    from ffnq.launch import JobOptions, parse_widths, resolve_backend, validate
+    from ffnq.launch import JobOptions, fresh_seed, parse_widths, resolve_backend, validate
     from ffnq.spec import load_model
 
     spec = load_model(model)
     opts = JobOptions(backend=runner or resolve_backend(backend), model=model, tp=tp, experts=experts,
-                      widths=parse_widths(widths, spec.max_tokens), timeout_s=timeout, seed=seed, nnodes=nnodes,
+                      widths=parse_widths(widths, spec.max_tokens), timeout_s=timeout,
+                      seed=fresh_seed() if seed is None else seed, nnodes=nnodes,
                       rdzv_endpoint=rdzv_endpoint, deadline_s=deadline, **kw)
     return validate(opts)
 
@@ -141,7 +144,7 @@ def run_qualify(opts, out: Path, json_out: bool):
     cols = ["case", "width", "status", "rel_err", "wrong", "elements", "route_agree", "fault", "wall_ms", "evidence"]
     show_table(cases, json_out=json_out, columns=cols,
                title=f"qualify {opts.backend} tp{opts.tp} {opts.model} experts={opts.experts} "
-                     f"timeout={opts.timeout_s:g}s")
+                     f"timeout={opts.timeout_s:g}s seed={opts.seed}")
     if hs is not None and not hs.empty:
         show_table(hs, json_out=json_out, title="handshake: arrival, wait and skew per rank and phase (us)")
     path = write_report(out, "qualify", opts.backend, opts.tp, cases, meta=_meta(opts, res), verdict=verdict,
@@ -162,7 +165,7 @@ def run_bench(opts, out: Path, json_out: bool):
     bad = lat[lat.check != "OK"]
     verdict = f"{len(lat)} widths, {len(bad)} failed the check before timing: " + ("FAILED" if len(bad) else "OK")
     show_table(lat, json_out=json_out, title=f"bench {opts.backend} tp{opts.tp} {opts.model} "
-               f"experts={opts.experts} layers={opts.layers} (us per step)")
+               f"experts={opts.experts} layers={opts.layers} seed={opts.seed} (us per step)")
     path = write_report(out, "bench", opts.backend, opts.tp, lat, meta=_meta(opts, res), verdict=verdict,
                         tables={"per_rank": res.tables["latency"]}, notes=capped_note(lat))
     _footer(verdict, json_out)
@@ -207,7 +210,7 @@ def _warm_report(table, be, tp, model, target, opts, res, out, json_out):
 @app.command()
 def qualify(
     backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
-    experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = 0,
+    experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = None,
     inject_rank: Annotated[Optional[list[str]], typer.Option(
         "--inject-rank", help="delay this rank under and over the timeout (repeatable, or all)",
         rich_help_panel=JOB)] = None,
@@ -233,7 +236,7 @@ def qualify(
 @app.command()
 def bench(
     backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
-    experts: ExpertsOpt = "all", widths: Widths = "1,2,4,8,16", timeout: Timeout = 1.0, seed: Seed = 0,
+    experts: ExpertsOpt = "all", widths: Widths = "1,2,4,8,16", timeout: Timeout = 1.0, seed: Seed = None,
     layers: Annotated[int, typer.Option(help="launches per step, final=True on the last", rich_help_panel=JOB)] = 1,
     rep_ms: Annotated[float, typer.Option("--rep-ms", help="timed budget per width and variant (ms)",
                                           rich_help_panel=JOB)] = 1000.0,
@@ -289,7 +292,7 @@ def run_soak(opts, out: Path, json_out: bool):
                f"{int(table.stale.sum()) if len(table) else 0} stale: "
                + ("FAILED" if error or n else "OK") + (f" ({error})" if error else ""))
     show_table(table, json_out=json_out, title=f"soak {opts.backend} tp{opts.tp} {opts.model} "
-               f"widths={','.join(map(str, opts.widths))} runners={opts.runners}")
+               f"widths={','.join(map(str, opts.widths))} runners={opts.runners} seed={opts.seed}")
     path = write_report(out, "soak", opts.backend, opts.tp, table, meta=meta, verdict=verdict,
                         tables={"mismatches": bad})
     if error:
@@ -302,7 +305,7 @@ def run_soak(opts, out: Path, json_out: bool):
 @app.command()
 def soak(
     backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
-    experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = 0,
+    experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = None,
     steps: Annotated[int, typer.Option(help="random steps to run, every one checked", rich_help_panel=JOB)] = 1000,
     random_padding: Annotated[bool, typer.Option("--random-padding/--no-random-padding",
                                                  help="random padding rows every step", rich_help_panel=JOB)] = True,
@@ -375,7 +378,7 @@ def compare(
 @app.command()
 def warm(
     backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
-    experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = 0,
+    experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = None,
     target: Annotated[Optional[str], typer.Option(help="offline residency for sm_90, gfx942 or gfx950 "
                                                   "(no GPU needed)", rich_help_panel=JOB)] = None,
     deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),

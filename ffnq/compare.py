@@ -10,8 +10,9 @@ every width while each run's own band was under 0.12%. Verdict: ``faster`` / ``s
 else ``same``. Where both reports carry the fused step's SM clock (NVML, ffnq.gpu_clocks), a
 ``clock`` row per width says whether it moved by more than CLOCK_PCT: an H200 at its power cap
 ran this kernel at 960-1965 MHz, and a latency delta beside a clock delta is the machine's.
-Qualify reports: a case that changed status (``regressed`` PASS -> FAIL, ``fixed``, ``new``,
-``gone``). Warm reports: a width whose residency or CTAs per CU changed.
+A width timed in one report only is a ``new`` or ``gone`` row (a gate fails a gone one: the base's
+width no longer judged). Qualify reports: a case that changed status (``regressed`` PASS -> FAIL,
+``fixed``, ``new``, ``gone``). Warm reports: a width whose residency or CTAs per CU changed.
 """
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ def latency_rows(base: pd.DataFrame, new: pd.DataFrame) -> list[dict]:
     rows = []
     b, n = base.set_index("width"), new.set_index("width")
     metrics = ["p50_us", "p99_us"] + [c for c in base.columns if c.endswith("_p50_us") and c in new.columns]
+    for w in sorted(set(b.index) ^ set(n.index)):
+        gone = w in b.index
+        rows.append({"kind": "latency", "key": f"w={int(w)}", "metric": "p50_us",
+                     "base": b.loc[w].get("p50_us") if gone else None, "new": None if gone else n.loc[w].get("p50_us"),
+                     "delta_pct": None, "band_pct": None, "verdict": "gone" if gone else "new"})
     for w in sorted(set(b.index) & set(n.index)):
         rb, rn = b.loc[w], n.loc[w]
         for m in metrics:

@@ -140,16 +140,27 @@ def relative_checks(verb: str, base_path: str, new_path: str, th: dict) -> list[
     table = compare(load(base_path), load(new_path))
     pct = th.get("max_slower_pct")
     for _, r in table.iterrows():
-        if r.kind == "latency" and r.metric == "p50_us" and pct is not None:
+        if r.kind == "latency" and r.metric == "p50_us" and pct is not None and r.verdict in ("gone", "new"):
+            if r.verdict == "gone":  # a width the base judged that this run did not time
+                rows.append({"check": f"vs base p50 {r.key}", "job": verb, "result": "FAIL",
+                             "value": f"not timed in this run (base {r.base:.1f} us)",
+                             "threshold": "every base width timed", "report": new_path})
+        elif r.kind == "latency" and r.metric == "p50_us" and pct is not None:
             bad = r.verdict == "slower" and r.delta_pct > float(pct)
             rows.append({"check": f"vs base p50 {r.key}", "job": verb, "result": "FAIL" if bad else "PASS",
                          "value": f"{r.new:.1f} us vs {r.base:.1f} ({r.delta_pct:+.1f}%, noise {r.band_pct:.1f}%, "
                                   f"{r.verdict})", "threshold": f"<= +{float(pct):g}% beyond noise",
                          "report": new_path})
         if r.kind in ("qualify", "residency") and th.get("no_new_fail"):
-            bad = r.verdict == "regressed"
+            # a case the base passed and this run lost, or a new one that fails, is as bad as PASS -> FAIL
+            bad = r.verdict == "regressed" or (r.verdict == "gone" and r.base == "PASS") or (
+                r.verdict == "new" and r.new != "PASS")
             rows.append({"check": f"vs base {r.key} {r.metric}", "job": verb, "result": "FAIL" if bad else "PASS",
                          "value": f"{r.base} -> {r.new}", "threshold": "no PASS -> FAIL", "report": new_path})
+    if verb == "bench" and pct is not None and not any(r.kind == "latency" and r.verdict not in ("gone", "new")
+                                                       for _, r in table.iterrows()):
+        rows.append({"check": "vs base p50", "job": verb, "result": "FAIL", "value": "no width timed in both runs",
+                     "threshold": f"<= +{float(pct):g}% beyond noise", "report": new_path})
     if verb == "qualify" and th.get("no_new_fail") and not any(r["job"] == verb for r in rows):
         rows.append({"check": "vs base qualify statuses", "job": verb, "result": "PASS",
                      "value": "no case changed status", "threshold": "no PASS -> FAIL", "report": new_path})
@@ -167,14 +178,14 @@ def _widths(o: dict) -> list[int]:
 def job_options(opts: dict):
     """A gate job's options -> validated JobOptions (the same checks as the verbs)."""
     from ffnq.cli import parse_baselines
-    from ffnq.launch import JobOptions, parse_inject, resolve_backend, validate
+    from ffnq.launch import JobOptions, fresh_seed, parse_inject, resolve_backend, validate
 
     o = dict(opts)
     tp = int(o.get("tp", 2))
     inject = o.get("inject_rank", [])
     kw = dict(backend=o.get("runner") or resolve_backend(o.get("backend", "auto")), model=o.get("model", "tiny"),
               tp=tp, experts=o.get("experts", "all"), widths=_widths(o),
-              timeout_s=float(o.get("timeout", 1.0)), seed=int(o.get("seed", 0)), nnodes=int(o.get("nnodes", 1)),
+              timeout_s=float(o.get("timeout", 1.0)), seed=int(o["seed"]) if "seed" in o else fresh_seed(), nnodes=int(o.get("nnodes", 1)),
               rdzv_endpoint=o.get("rdzv_endpoint"), deadline_s=o.get("deadline"),
               inject_ranks=parse_inject(inject if isinstance(inject, list) else [inject], tp),
               layers=int(o.get("layers", 1)), **parse_baselines(o.get("baselines", "auto")))

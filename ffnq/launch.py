@@ -47,6 +47,12 @@ class LaunchError(RuntimeError):
         self.records = records or []
 
 
+def fresh_seed() -> int:
+    """A seed for a run that names none: each run checks new weights and inputs, and its report
+    keeps the seed (``--seed`` repeats the run)."""
+    return secrets.randbelow(2 ** 31)
+
+
 @dataclass
 class JobOptions:
     """What every job takes; the cli fills it, each rank reads it back from JSON."""

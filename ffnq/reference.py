@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ffnq.spec import Experts, ModelSpec
-from ffnq.weights import FullWeights, dequant
+from ffnq.weights import FullWeights
 
 TIE_EPS = 1e-6  # a row whose k-th and (k+1)-th biased scores are this close may pick either
 # the same for a step whose all-reduced h is rounded to bf16 (NCCL or symm-mem bf16 sums): the
@@ -76,12 +76,20 @@ def picks(idx: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return idx.sort(-1).values.masked_fill((slots[: idx.shape[0]] < 0)[:, None], -1)
 
 
+def dequant64(q: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
+    """``q * scale`` in fp64, each element's scale picked by its block's index: written apart from
+    weights.dequant (which the backends use), so one slip in the block arithmetic cannot pass
+    both the oracle and the thing it checks."""
+    rows = torch.arange(q.shape[-2], device=q.device) // block
+    cols = torch.arange(q.shape[-1], device=q.device) // block
+    return q.to(torch.float64) * scale.to(torch.float64)[rows[:, None], cols[None, :]]
+
+
 def expert64(w: FullWeights, e: int, block: int, cache: dict | None = None):
     """Expert ``e`` dequantized to fp64 (w1, w3, w2); ``cache`` keeps them across steps."""
     if cache is not None and e in cache:
         return cache[e]
-    dt = torch.float64
-    got = tuple(dequant(getattr(w, f"w{i}")[e], getattr(w, f"s{i}")[e], block, dt) for i in (1, 3, 2))
+    got = tuple(dequant64(getattr(w, f"w{i}")[e], getattr(w, f"s{i}")[e], block) for i in (1, 3, 2))
     if cache is not None:
         cache[e] = got
     return got

@@ -174,6 +174,10 @@ class Runner:
         padding row): what the checks follow on a near tie and compare with the oracle."""
         return self.view(width, "route").long()
 
+    def chosen_weights(self, width: int) -> torch.Tensor:
+        """The routing weights of ``chosen``'s experts in its order, [s, k] fp32 (0 on a padding row)."""
+        return self.view(width, "route_w").float()
+
     def _region(self, width: int, name: str) -> Region:
         if width not in self.layouts:
             raise UsageError(f"width {width}: this runner has widths {list(self.widths)}")

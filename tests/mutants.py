@@ -44,6 +44,13 @@ class _RouterBf16(CpuStep):
         return idx, wts
 
 
+class _RouteWeightsUnwritten(CpuStep):
+    def route(self, x, pad):
+        idx, wts = self.select(torch.sigmoid(x @ self.w.router.float().T))
+        self.r.view(self.s, "route").copy_(idx.sort(-1).values.masked_fill(pad[:, None], -1))
+        return idx, wts
+
+
 class _PaddingToExperts(CpuStep):
     @staticmethod
     def padding(slots):
@@ -113,6 +120,16 @@ class _ResetKeepsScratch(CpuStep):
     pass
 
 
+class _ScaleColumnsShifted(CpuStep):
+    pass
+
+
+def _expert_scale_columns_shifted(self, w, le: int):
+    from ffnq.weights import dequant
+    b = self.model.block
+    return dequant(w.w13[le], w.s13[le].roll(1, -1), b), dequant(w.w2[le], w.s2[le].roll(1, -1), b)
+
+
 def _reset_keeps_scratch(self):
     from ffnq.dist import barrier
     barrier()
@@ -126,6 +143,9 @@ BiasAsWeight = mutant(_BiasAsWeight, "the biased scores used as the expert weigh
 BiasIgnored = mutant(_BiasIgnored, "the selection bias ignored: top-k of the plain scores")
 NoRenorm = mutant(_NoRenorm, "the chosen weights not renormalised to sum 1")
 RouterBf16 = mutant(_RouterBf16, "router logits computed in bf16 instead of fp32")
+RouteWeightsUnwritten = mutant(_RouteWeightsUnwritten, "the routing weights (route_w) not written")
+ScaleColumnsShifted = mutant(_ScaleColumnsShifted, "each FP8 block scale taken from the next column block",
+                             expert=_expert_scale_columns_shifted)
 PaddingToExperts = mutant(_PaddingToExperts, "padding rows (slot < 0) sent to experts")
 EpochAtLeast = mutant(_EpochAtLeast, "a wait accepts flag >= epoch instead of == epoch")
 EpochStuck = mutant(_EpochStuck, "the epoch not moved on by the step")

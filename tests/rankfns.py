@@ -108,21 +108,6 @@ def stale(rank, world, s=3):
     return result
 
 
-def clean_step_time(rank, world, s=16, n=5):
-    job = setup("cpu", "tiny", "all", TIMEOUT, seed=7)
-    r = job.runner(widths=[s])
-    r.warm(job.weights)
-    parts, residual, slots = job.inputs(s, 1)
-    r(parts[rank], residual, job.weights, slots)
-    t = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        r(parts[rank], residual, job.weights, slots)
-        t.append(time.perf_counter() - t0)
-    job.close()
-    return sorted(t)[n // 2]
-
-
 PHASE_NAMES = [p.name.lower() for p in Phase]
 
 

@@ -96,6 +96,8 @@ def test_qualify_tp2_with_injection_end_to_end(tmp_path):
     assert "missing [0]" in over.fault and "r1:" in over.fault and "r0:" in over.fault  # every rank names rank 0
     doc = json.loads((rep / "results.json").read_text())
     assert doc["schema_version"] == 1 and doc["config"]["inject_ranks"] == [0] and doc["machine"]["cpus"]
+    # no --seed: a fresh one, shown in the title and kept, so --seed repeats the run
+    assert f"seed={doc['config']['seed']}" in r.stdout
     hs = pd.DataFrame(doc["tables"]["handshake"])
     late = hs[(hs.phase == "seam") & (hs["rank"] == 1)].iloc[0]
     assert late.waited_for == "rank 0" and late.wait_us > 150_000  # 0.3 s delay, seen by rank 1
@@ -106,6 +108,13 @@ def test_qualify_tp2_with_injection_end_to_end(tmp_path):
     assert (rep / "timeline.png").stat().st_size > 1000
     r = ffnq("report", rep)
     assert r.returncode == 0 and "inject-over r0" in r.stdout
+
+
+def test_a_run_without_a_seed_draws_a_fresh_one():
+    from ffnq.launch import fresh_seed
+
+    seeds = {fresh_seed() for _ in range(8)}
+    assert len(seeds) > 1 and all(0 <= x < 2 ** 31 for x in seeds)
 
 
 def test_report_command_names_a_triton_tune_override(monkeypatch):

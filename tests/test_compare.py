@@ -55,6 +55,34 @@ def test_status_and_residency_changes():
     assert warm_rows(w("yes", 2), w("yes", 2)) == []
 
 
+def test_a_width_in_one_run_only_is_named_and_a_gone_one_fails_the_gate(monkeypatch):
+    """A relative gate must not pass by judging nothing: a width the base timed and this run did
+    not fails, and runs with no width in common fail; a case the base passed and this run lost,
+    or a new failing one, fails no_new_fail as PASS -> FAIL does."""
+    from ffnq import compare as cmp
+    from ffnq.gate import relative_checks
+
+    base, new = bench_table([100.0, 150.0], [101.0, 151.0]), bench_table([100.0, 150.0], [101.0, 151.0])
+    rows = {r["key"]: r["verdict"] for r in latency_rows(base, new.assign(width=[2, 3])) if r["metric"] == "p50_us"}
+    assert rows == {"w=1": "gone", "w=2": "faster", "w=3": "new"}  # new w=2 holds 100 us, the base 150
+
+    def gate(b, n, verb="bench", th=None):
+        monkeypatch.setattr(cmp, "load", lambda p: {"job": verb, "tables": {"results": {"b": b, "n": n}[p]}})
+        return {r["check"]: r["result"] for r in relative_checks(verb, "b", "n", th or {"max_slower_pct": 5})}
+
+    assert gate(base, new) == {"vs base p50 w=1": "PASS", "vs base p50 w=2": "PASS"}
+    assert gate(base, new.iloc[:1]) == {"vs base p50 w=1": "PASS", "vs base p50 w=2": "FAIL"}
+    assert gate(base, new.assign(width=[5, 6])) == {"vs base p50 w=1": "FAIL", "vs base p50 w=2": "FAIL",
+                                                    "vs base p50": "FAIL"}
+    q = lambda case, st: pd.DataFrame({"case": case, "width": [4] * len(case), "status": st})  # noqa: E731
+    lost = gate(q(["correct", "recovery"], ["PASS", "PASS"]), q(["correct"], ["PASS"]), "qualify", {"no_new_fail": True})
+    assert lost == {"vs base recovery @4 status": "FAIL"}
+    added = gate(q(["correct"], ["PASS"]), q(["correct", "x"], ["PASS", "FAIL"]), "qualify", {"no_new_fail": True})
+    assert added == {"vs base x @4 status": "FAIL"}
+    assert gate(q(["correct"], ["PASS"]), q(["correct", "x"], ["PASS", "PASS"]), "qualify",
+                {"no_new_fail": True}) == {"vs base x @4 status": "PASS"}
+
+
 def ffnq(*args, tmp: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     return subprocess.run([sys.executable, "-m", "ffnq.cli", *args], env=env, capture_output=True, text=True,

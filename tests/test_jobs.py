@@ -171,7 +171,8 @@ def test_a_dead_rank_is_named(tmp_path):
     r = ffnq("qualify", "--backend", "cpu", "--tp", "2", "--widths", "1", "--out", tmp_path,
              env={"FFNQ_TEST_DIE_RANK": "1"})
     assert r.returncode == 1 and "rank 1 died" in r.stderr and "Traceback" not in r.stderr
-    assert time.monotonic() - t0 < 60 and not tmp_path.exists() or not any(tmp_path.iterdir())
+    assert time.monotonic() - t0 < 60  # fast: not the job's deadline
+    assert not any(tmp_path.iterdir())
 
 
 def test_ranks_with_different_grids_are_refused(tmp_path):
@@ -180,7 +181,7 @@ def test_ranks_with_different_grids_are_refused(tmp_path):
     r = ffnq("qualify", "--runner", "mixed_grid:MixedGrid", "--tp", "2", "--widths", "1", "--out", tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "rank 0: 4 CTAs, rank 1: 5 CTAs" in r.stderr and "GPUs of one kind" in r.stderr
-    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_hung_job_is_killed_at_its_deadline(tmp_path):

@@ -31,6 +31,8 @@ CAUGHT_BY = {
     "LastChunkShort": "correct",
     "SiluOnUp": "correct",
     "ResetKeepsScratch": "recovery",
+    "RouteWeightsUnwritten": "correct",
+    "ScaleColumnsShifted": "correct",
 }
 
 

@@ -16,6 +16,12 @@ def full():
     return synthetic(M, seed=21)
 
 
+def plain_dequant(q, scale):
+    """A third blockwise dequant (each scale repeated over its 128 x 128 block), apart from
+    weights.dequant (the backends') and reference.dequant64 (the oracle's)."""
+    return q.double() * scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
+
+
 def plain_row(parts, residual, w, row):
     """One row, scalar-minded: no topk, no index_add, no batching."""
     h = [float(residual[row, j]) + sum(float(p[row, j]) for p in parts) for j in range(M.hidden)]
@@ -26,12 +32,20 @@ def plain_row(parts, residual, w, row):
     total = sum(scores[e] for e in ranked)
     out = torch.zeros(M.hidden, dtype=torch.float64)
     for e in ranked:
-        w1 = dequant(w.w1[e], w.s1[e], 128, torch.float64)
-        w3 = dequant(w.w3[e], w.s3[e], 128, torch.float64)
-        w2 = dequant(w.w2[e], w.s2[e], 128, torch.float64)
+        w1, w3, w2 = (plain_dequant(getattr(w, f"w{i}")[e], getattr(w, f"s{i}")[e]) for i in (1, 3, 2))
         g, u = w1 @ x, w3 @ x
         out += scores[e] / total * (w2 @ (g / (1 + torch.exp(-g)) * u))
     return out, torch.tensor(h, dtype=torch.float64), sorted(ranked)
+
+
+def test_three_dequants_agree_everywhere(full):
+    """The backends' dequant, the oracle's and a plain one, on every element of every expert."""
+    for i in (1, 3, 2):
+        q, sc = getattr(full, f"w{i}"), getattr(full, f"s{i}")
+        for e in (0, 1, M.experts - 1):
+            want = plain_dequant(q[e], sc[e])
+            assert torch.equal(reference.dequant64(q[e], sc[e], 128), want)
+            assert torch.equal(dequant(q[e], sc[e], 128, torch.float64), want)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -351,6 +351,8 @@ def _assert_step_matches(r, out, ref, slots):
     live, S = slots >= 0, len(slots)
     assert reference.compare(out, ref.out, rows=torch.nonzero(live).flatten())["rel_err"] < 1e-2
     assert torch.equal(r.view(S, "route").long(), ref.chosen)
+    # the routing weights it reports, as qualify checks them (0 on a padding row)
+    assert (r.chosen_weights(S).double() - ref.weights).abs().max() <= 1e-4
     assert (out[~live] == 0).all() and r.fault(S) is None
 
 

@@ -33,6 +33,7 @@ from ffnq.launch import over_delay_ns, under_delay_ns
 from ffnq.spec import stamp_names
 
 POISON_ROUTE = -7
+ROUTE_W_ATOL = 1e-4  # routing weights (each ~1/k, summing to 1) against the oracle's
 WAIT_SEEN_FRACTION = 0.5  # an under-timeout delay must show as at least this much wait (of the delay)
 
 
@@ -122,7 +123,7 @@ class Qualify:
         if "rel_err" in ev:
             if ev["wrong"] or not ev["rel_err"] <= reference.MAX_REL_ERR:
                 problems.append(ev["worst_txt"])
-            if ev["route_mismatch"]:
+            if ev["route_mismatch"] or ev["route_w_wrong"]:
                 problems.append(ev["route_txt"])
         ev["status"] = "FAIL" if problems else "PASS"
         ev["evidence"] = "; ".join(problems)
@@ -247,7 +248,7 @@ class Qualify:
     def worst(self, evs: list[dict], problems: list[str]) -> dict:
         bad = [e for e in evs if e["status"] == "FAIL"]
         ev = dict(max(evs, key=lambda e: e.get("rel_err", 0)) if not bad else bad[0])
-        for k in ("wrong", "elements", "route_rows", "route_mismatch", "route_excused"):
+        for k in ("wrong", "elements", "route_rows", "route_mismatch", "route_excused", "route_w_wrong"):
             ev[k] = sum(e.get(k, 0) for e in evs)
         ev["wall_ms"] = sum(e["wall_ms"] for e in evs)
         problems = problems + ([ev["evidence"]] if bad else [])
@@ -284,18 +285,30 @@ def evidence(r, s, out, res_out, ref, slots) -> dict:
     bad_rows = ~(got == want).all(-1)
     tie = ref.near_tie.cpu()
     mismatch = bad_rows  # the reference already took the kernel's pick where a near tie allows it
+    # the routing weights the kernel reports for its experts (a padding row's are 0): fp32 from fp32
+    # logits, so within ROUTE_W_ATOL of the oracle's (a weight off by that moves the output under
+    # bf16's step); rows whose experts differ are already counted above
+    wdiff = (r.chosen_weights(s).cpu().double() - ref.weights.cpu()).abs()[~bad_rows]
+    w_wrong = int((wdiff.nan_to_num(float("inf")) > ROUTE_W_ATOL).sum())
     worst_c = c_out if c_out["rel_err"] >= c_res["rel_err"] else c_res
     w = worst_c["worst"] or {}
     which = "out" if worst_c is c_out else "res_out"
     ev = {"rel_err": max(c_out["rel_err"], c_res["rel_err"]), "wrong": c_out["wrong"] + c_res["wrong"] + pad_nonzero,
           "elements": c_out["elements"] + c_res["elements"], "route_rows": s,
           "route_mismatch": int(mismatch.sum()), "route_excused": int((tie & ~bad_rows).sum()),
+          "route_w_wrong": w_wrong,
           "worst_txt": (f"{which}[{w.get('row')},{w.get('col')}] expected {w.get('expected', 0):.5g} got "
                         f"{w.get('got', 0):.5g}; {c_out['wrong'] + c_res['wrong']} wrong"
                         + (f", {pad_nonzero} nonzero in padding rows" if pad_nonzero else ""))}
     if mismatch.any():
         i = int(mismatch.nonzero()[0])
         ev["route_txt"] = f"route row {i}: expected {want[i].tolist()} got {got[i].tolist()}"
+    elif w_wrong:
+        rows = (~bad_rows).nonzero().flatten()
+        i, j = divmod(int(wdiff.nan_to_num(float("inf")).argmax()), wdiff.shape[1])
+        row = int(rows[i])
+        ev["route_txt"] = (f"route_w row {row}: expected {ref.weights[row].tolist()} got "
+                           f"{r.chosen_weights(s)[row].tolist()}; {w_wrong} weights off by > {ROUTE_W_ATOL:g}")
     return ev
 
 

@@ -85,6 +85,7 @@ def setup(backend: str, model: str | ModelSpec, experts: str | Experts = "all", 
                          + ", ".join(f"rank {r}: {g} CTAs" for r, g in enumerate(grids))
                          + "): run one TP group on GPUs of one kind")
     spec.check(tp, experts)
+    seed = all_ranks(seed)[0]  # rank 0's: nodes launched apart may each have drawn their own
     full = synthetic(spec, seed, device)
     weights = shard(full, spec, tp, rank, experts)
     peers = runner_cls.open_peers(spec, tp, rank, device, shared_tag())

@@ -108,7 +108,7 @@ class Soak:
     def one(self, step: int, t0: float) -> None:
         """Step ``step`` of the stream: drawn, run, checked (alone it replays that step)."""
         o = self.opts
-        s, padding, final, ri = draw(o["seed"], step, o["widths"], o.get("random_padding", True), len(self.runners))
+        s, padding, final, ri = draw(self.job.seed, step, o["widths"], o.get("random_padding", True), len(self.runners))
         r = self.runners[ri]
         parts, residual, slots = self.job.inputs(s, SOAK_CASE, step, padding)
         out, res_out = r(parts[self.rank], residual, self.job.weights, slots, final=final)
