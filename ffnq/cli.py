@@ -45,7 +45,23 @@ Nnodes = Annotated[int, typer.Option(help="torchrun --nnodes (ranks per node = t
                                      rich_help_panel="Launch")]
 Rdzv = Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="torchrun --rdzv-endpoint HOST:PORT "
                                              "(default: --standalone)", rich_help_panel="Launch")]
-Out = Annotated[Path, typer.Option("--out", help="the reports folder", rich_help_panel=OUT)]
+def _writable(out: Path) -> Path:
+    """--out, checked before any job runs: a folder, or one that can be made in a writable one."""
+    import tempfile
+
+    if out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"{str(out)!r} exists and is not a folder")
+    up = out.absolute()
+    while not up.exists():
+        up = up.parent
+    try:  # a real probe, removed at once (os.access says yes to root anywhere, /proc included)
+        Path(tempfile.mkdtemp(prefix=".ffnq-probe-", dir=up)).rmdir()
+    except OSError as e:
+        raise typer.BadParameter(f"{str(out)!r}: cannot write there ({up}: {e.strerror})") from None
+    return out
+
+
+Out = Annotated[Path, typer.Option("--out", help="the reports folder", callback=_writable, rich_help_panel=OUT)]
 Json = Annotated[bool, typer.Option("--json", help="tables as JSON lines on stdout", rich_help_panel=OUT)]
 
 
@@ -71,9 +87,12 @@ app = App(name="ffnq", no_args_is_help=True, add_completion=False, pretty_except
 
 
 def _err(msg: str) -> None:
+    from rich.markup import escape
+
     from ffnq.report import err_console
 
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    # escaped: a value the user typed ("[/x]") is text, not markup
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
 
 
 def _guard(fn):
@@ -90,7 +109,8 @@ def _guard(fn):
         raise typer.Exit(1)
 
 
-def _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint, deadline, **kw):
+def _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint, deadline,
+             verb: str | None = None, **kw):
     from ffnq.launch import JobOptions, fresh_seed, parse_widths, resolve_backend, validate
     from ffnq.spec import load_model
 
@@ -99,7 +119,7 @@ def _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes,
                       widths=parse_widths(widths, spec.max_tokens), timeout_s=timeout,
                       seed=fresh_seed() if seed is None else seed, nnodes=nnodes,
                       rdzv_endpoint=rdzv_endpoint, deadline_s=deadline, **kw)
-    return validate(opts)
+    return validate(opts, verb)
 
 
 def parse_baselines(text: str) -> dict:
@@ -225,7 +245,7 @@ def qualify(
         from ffnq import launch
 
         opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
-                        deadline, inject_ranks=launch.parse_inject(inject_rank, tp))
+                        deadline, verb="qualify", inject_ranks=launch.parse_inject(inject_rank, tp))
         cases, _ = run_qualify(opts, out, json_out)
         return 1 if (cases.status != "PASS").any() else 0
 
@@ -262,8 +282,6 @@ def bench(
 ):
     """Per-width latency (p50/p90/p99 us), per-rank skew, the baselines and (on a GPU) the floor."""
     def body():
-        if not rep_ms > 0 or warmup_ms < 0:
-            raise UsageError(f"--rep-ms {rep_ms} / --warmup-ms {warmup_ms}: need rep > 0 and warmup >= 0 (ms)")
         opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
                         deadline, layers=layers, rep_ms=rep_ms, warmup_ms=warmup_ms, burst_ms=burst_ms,
                         idle_ms=idle_ms, phase_split=phase_split,
@@ -389,6 +407,12 @@ def warm(
         from ffnq.jobs.warm import offline
 
         if target is not None:
+            launch_only = {"--timeout": timeout != 1.0, "--seed": seed is not None, "--deadline": deadline is not None,
+                           "--nnodes": nnodes != 1, "--rdzv-endpoint": rdzv_endpoint is not None}
+            given = [k for k, v in launch_only.items() if v]
+            if given:
+                raise UsageError(f"--target {target}: an offline compile launches no job; {', '.join(given)} "
+                                 "do not apply")
             table, be = offline(backend, runner, model, tp, experts, widths, target)
             opts = {"backend": be, "model": model, "tp": tp, "experts": experts, "target": target}
             _warm_report(table, be, tp, model, target, opts, None, out, json_out)

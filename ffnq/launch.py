@@ -36,6 +36,12 @@ BASELINES = ("unfused", "stock", "stock-nccl", "stock-symm", "vllm")
 SETUP_S = 90.0  # interpreter + torch import + process group + weights, per job, on a slow 2-core host
 MAX_INJECT_NS = 2**31 - 1  # inject ticks are int32
 MAX_WINDOW_MS = 10_000  # a bench burst or idle longer than this is a typo, not a method
+# bounds past which a value is a typo, not a method: a wait of a minute is a hang to any kernel
+# (and the derived deadline grows with it); more ranks than any host has; ten minutes per variant
+MAX_TIMEOUT_S, MIN_TIMEOUT_S = 60.0, 1e-6
+MAX_TP, MAX_RUNNERS, MAX_LAYERS, MAX_STEPS = 64, 16, 256, 100_000_000
+MAX_REP_MS, MAX_WARMUP_MS = 600_000.0, 60_000.0
+RDZV = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
 
 
 class LaunchError(RuntimeError):
@@ -94,14 +100,16 @@ class JobOptions:
 
 
 def parse_widths(text: str | None, max_tokens: int, option: str = "--widths") -> list[int]:
-    """'1-4,8,16' -> [1, 2, 3, 4, 8, 16]; 'all' or empty -> 1..max_tokens. ``option`` names the
+    """'1-4,8,16' -> [1, 2, 3, 4, 8, 16]; 'all' or None -> 1..max_tokens. ``option`` names the
     flag in the error."""
-    if text is None or text.strip() in ("", "all"):
+    if text is None or text.strip() == "all":
         return list(range(1, max_tokens + 1))
+    if not text.strip():
+        raise UsageError(f"{option} {text!r}: empty; allowed all or N, N-M lists (e.g. 1-4,8,16)")
     out: list[int] = []
     for item in text.split(","):
         item = item.strip()
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", item)
         if not m:
             raise UsageError(f"{option} {text!r}: {item!r} is not N or N-M (e.g. 1-4,8,16)")
         lo, hi = int(m[1]), int(m[2] or m[1])
@@ -119,7 +127,7 @@ def parse_inject(values: list[str] | None, tp: int) -> list[int]:
             item = item.strip()
             if item == "all":
                 ranks |= set(range(tp))
-            elif item.isdigit() and int(item) < tp:
+            elif re.fullmatch(r"[0-9]+", item) and int(item) < tp:
                 ranks.add(int(item))
             else:
                 raise UsageError(f"--inject-rank {item!r}: allowed 0..{tp - 1} or all (tp={tp})")
@@ -134,8 +142,9 @@ def resolve_backend(backend: str) -> str:
     return "triton" if torch.cuda.is_available() else "cpu"
 
 
-def validate(opts: JobOptions) -> JobOptions:
-    """Every check that can fail before torchrun starts; raises UsageError (exit 2)."""
+def validate(opts: JobOptions, verb: str | None = None) -> JobOptions:
+    """Every check that can fail before torchrun starts; raises UsageError (exit 2). ``verb``:
+    the job (its own limits, e.g. qualify's over-timeout delays)."""
     import torch
 
     from ffnq.runner import BACKENDS, load_runner
@@ -145,9 +154,11 @@ def validate(opts: JobOptions) -> JobOptions:
         experts = Experts(opts.experts)
     except ValueError:
         raise UsageError(f"--experts {opts.experts!r}: allowed {', '.join(e.value for e in Experts)}") from None
-    if opts.tp < 1:
-        raise UsageError(f"--tp {opts.tp}: must be >= 1")
+    if not 1 <= opts.tp <= MAX_TP:
+        raise UsageError(f"--tp {opts.tp}: allowed 1..{MAX_TP}")
     spec.check(opts.tp, experts)
+    if not 0 <= opts.seed < 2 ** 63:
+        raise UsageError(f"--seed {opts.seed}: allowed 0..2^63-1")
     if not opts.widths:
         opts.widths = list(range(1, spec.max_tokens + 1))
     bad = [w for w in opts.widths if not 1 <= w <= spec.max_tokens]
@@ -155,14 +166,21 @@ def validate(opts: JobOptions) -> JobOptions:
         raise UsageError(f"widths {bad}: allowed 1..{spec.max_tokens} for {spec.name}")
     if not opts.timeout_s > 0:
         raise UsageError(f"--timeout {opts.timeout_s}: must be > 0 (seconds)")
-    if opts.deadline_s is not None and not opts.deadline_s > 0:
-        raise UsageError(f"--deadline {opts.deadline_s}: must be > 0 (seconds)")
+    if not MIN_TIMEOUT_S <= opts.timeout_s <= MAX_TIMEOUT_S:
+        raise UsageError(f"--timeout {opts.timeout_s:g}: allowed {MIN_TIMEOUT_S:g}..{MAX_TIMEOUT_S:g} s")
+    if opts.deadline_s is not None and not (opts.deadline_s > 0 and math.isfinite(opts.deadline_s)):
+        raise UsageError(f"--deadline {opts.deadline_s}: must be > 0 and finite (seconds)")
     bad = [r for r in opts.inject_ranks if not 0 <= r < opts.tp]
     if bad:
         raise UsageError(f"--inject-rank {bad[0]}: allowed 0..{opts.tp - 1} or all (tp={opts.tp})")
-    if opts.inject_ranks and over_delay_ns(opts.timeout_s) <= 1.5 * opts.timeout_s * 1e9:
-        raise UsageError(f"--timeout {opts.timeout_s}: injection over the timeout needs a delay above 1.5 x "
+    if (opts.inject_ranks or (verb == "qualify" and opts.tp > 1)) and \
+            over_delay_ns(opts.timeout_s) <= 1.5 * opts.timeout_s * 1e9:
+        # qualify's stale-epoch cases delay the last rank past the timeout at every tp > 1
+        raise UsageError(f"--timeout {opts.timeout_s:g}: qualify's cases over the timeout need a delay above 1.5 x "
                          f"timeout in int32 ns (< {MAX_INJECT_NS / 1e9:.2f} s); use --timeout <= 1.4")
+    if not (0 < opts.rep_ms <= MAX_REP_MS and 0 <= opts.warmup_ms <= MAX_WARMUP_MS):
+        raise UsageError(f"--rep-ms {opts.rep_ms:g} / --warmup-ms {opts.warmup_ms:g}: allowed 0 < rep <= "
+                         f"{MAX_REP_MS:g} and 0 <= warmup <= {MAX_WARMUP_MS:g} (ms)")
     if not 0 <= opts.burst_ms <= MAX_WINDOW_MS or not 0 <= opts.idle_ms <= MAX_WINDOW_MS:
         raise UsageError(f"--burst-ms {opts.burst_ms:g} / --idle-ms {opts.idle_ms:g}: allowed 0..{MAX_WINDOW_MS} ms "
                          "each (--burst-ms 0: one timed window)")
@@ -186,16 +204,23 @@ def validate(opts: JobOptions) -> JobOptions:
             raise UsageError(f"--{name.replace('_', '-')} {r}: allowed 0..{opts.tp - 1} (tp={opts.tp})")
     if (opts.kill_rank is not None or opts.hang_rank is not None) and opts.at_step is None:
         raise UsageError("--kill-rank/--hang-rank need --at-step K")
+    if opts.kill_rank is not None and opts.hang_rank is not None:
+        raise UsageError(f"--kill-rank {opts.kill_rank} and --hang-rank {opts.hang_rank}: allowed one fault per soak")
+    if opts.at_step is not None and opts.kill_rank is None and opts.hang_rank is None:
+        raise UsageError(f"--at-step {opts.at_step}: needs --kill-rank or --hang-rank (the fault it places)")
     if opts.at_step is not None and not 0 <= opts.at_step < opts.steps:
         raise UsageError(f"--at-step {opts.at_step}: allowed 0..{opts.steps - 1} (--steps {opts.steps})")
-    if opts.steps < 1 or opts.runners < 1:
-        raise UsageError(f"--steps {opts.steps} / --runners {opts.runners}: both must be >= 1")
-    if opts.layers < 1:
-        raise UsageError(f"--layers {opts.layers}: must be >= 1")
+    if not (1 <= opts.steps <= MAX_STEPS and 1 <= opts.runners <= MAX_RUNNERS):
+        raise UsageError(f"--steps {opts.steps} / --runners {opts.runners}: allowed 1..{MAX_STEPS} / 1..{MAX_RUNNERS}")
+    if not 1 <= opts.layers <= MAX_LAYERS:
+        raise UsageError(f"--layers {opts.layers}: allowed 1..{MAX_LAYERS}")
     if opts.nnodes < 1 or opts.tp % opts.nnodes:
         raise UsageError(f"--nnodes {opts.nnodes}: must be >= 1 and divide --tp {opts.tp}")
     if opts.nnodes > 1 and not opts.rdzv_endpoint:
         raise UsageError(f"--nnodes {opts.nnodes}: needs --rdzv-endpoint HOST:PORT")
+    m = RDZV.fullmatch(opts.rdzv_endpoint or "") if opts.rdzv_endpoint is not None else None
+    if opts.rdzv_endpoint is not None and not (m and 1 <= int(m[1]) <= 65535):
+        raise UsageError(f"--rdzv-endpoint {opts.rdzv_endpoint!r}: need HOST:PORT, port 1..65535")
     if opts.backend not in BACKENDS and ":" not in opts.backend:
         raise UsageError(f"--backend {opts.backend!r}: allowed auto, {', '.join(BACKENDS)} "
                          f"(or --runner package.module:Class)")

@@ -21,13 +21,30 @@ BAD = [
     (["qualify", "--runner", "nowhere.mod:Runner"], "cannot import nowhere.mod"),
     (["qualify", "--runner", "json:dumps"], "not a runner class"),
     (["qualify", "--experts", "some"], "--experts 'some': allowed all, local, none"),
-    (["qualify", "--tp", "0"], "--tp 0: must be >= 1"),
+    (["qualify", "--tp", "0"], "--tp 0: allowed 1..64"),
+    (["qualify", "--tp", "100000", "--experts", "none"], "--tp 100000: allowed 1..64"),
+    (["qualify", "--widths", ""], "--widths '': empty"),
+    (["qualify", "--widths", "[/x]"], "'[/x]' is not N or N-M"),
+    (["qualify", "--inject-rank", "\u00b2"], "--inject-rank '\u00b2': allowed 0..1"),
+    (["qualify", "--timeout", "3"], "--timeout 3: qualify's cases over the timeout"),
+    (["qualify", "--timeout", "inf"], "--timeout inf: allowed 1e-06..60 s"),
+    (["warm", "--timeout", "1e-12"], "--timeout 1e-12: allowed"),
+    (["qualify", "--deadline", "inf"], "--deadline inf: must be > 0 and finite"),
+    (["qualify", "--seed", "-1"], "--seed -1: allowed 0..2^63-1"),
+    (["qualify", "--rdzv-endpoint", "127.0.0.1:notaport"], "--rdzv-endpoint '127.0.0.1:notaport': need HOST:PORT"),
+    (["qualify", "--rdzv-endpoint", "garbage"], "need HOST:PORT"),
+    (["soak", "--kill-rank", "1", "--hang-rank", "0", "--at-step", "5"], "allowed one fault per soak"),
+    (["soak", "--at-step", "5"], "--at-step 5: needs --kill-rank or --hang-rank"),
+    (["soak", "--runners", "100000"], "--runners 100000: allowed"),
+    (["bench", "--rep-ms", "inf"], "--rep-ms inf / --warmup-ms 200: allowed"),
+    (["bench", "--warmup-ms", "nan"], "--warmup-ms nan: allowed"),
+    (["bench", "--layers", "0"], "--layers 0: allowed 1..256"),
     (["qualify", "--tp", "8"], "legal tp: 1, 2, 3, 4, 6"),
     (["qualify", "--tp", "2", "--inject-rank", "2"], "--inject-rank '2': allowed 0..1"),
     (["qualify", "--timeout", "0"], "--timeout 0.0: must be > 0"),
     (["qualify", "--timeout", "-1"], "must be > 0"),
     (["qualify", "--backend", "triton"], "needs a GPU and this host has none"),
-    (["bench", "--rep-ms", "0"], "--rep-ms 0.0"),
+    (["bench", "--rep-ms", "0"], "--rep-ms 0 / --warmup-ms 200: allowed 0 < rep"),
     (["bench", "--burst-ms", "-1"], "--burst-ms -1 / --idle-ms 250: allowed 0..10000 ms"),
     (["bench", "--idle-ms", "60000"], "--idle-ms 60000: allowed 0..10000 ms"),
     (["bench", "--baselines", "nccl"], "--baselines 'nccl': allowed auto, none"),
@@ -35,6 +52,7 @@ BAD = [
     (["bench", "--baselines", "vllm"], "--baselines vllm: needs a GPU backend"),
     (["warm", "--target", "sm_80"], "--target 'sm_80': allowed sm_90, gfx942, gfx950"),
     (["warm", "--target", "sm_90", "--backend", "cpu"], "offline residency for cpu/sm_90 not available"),
+    (["warm", "--target", "sm_90", "--timeout", "-1"], "--target sm_90: an offline compile launches no job; --timeout"),
     (["gate", "missing.toml"], "gate config 'missing.toml': no such file"),
 ]
 
@@ -47,6 +65,24 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
     text = r.output.strip()
     assert message in text and len(text.splitlines()) == 1 and "Traceback" not in text
     assert not out.exists()
+
+
+OUT_CASES = [(v, "a-file") for v in ("warm", "qualify", "bench", "soak", "gate", "compare")] + [
+    ("qualify", "a-file/sub"), ("qualify", "/proc/ffnq-out")]
+
+
+@pytest.mark.parametrize("verb, where", OUT_CASES)
+def test_an_unwritable_out_is_refused_before_any_job(tmp_path, verb, where):
+    """Through the console script (click's errors cut to one line there), before any rank starts."""
+    (tmp_path / "a-file").write_text("x")
+    out = where if where.startswith("/") else str(tmp_path / where)
+    args = {"gate": ["gate", "configs/gates/cpu-tp2.toml"], "compare": ["compare", "a", "b"]}.get(
+        verb, [verb, "--backend", "cpu"])
+    r = ffnq(*args, "--out", out)
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.strip()
+    assert "--out" in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
 def test_bad_type_is_one_line_through_the_console_script(tmp_path):

@@ -3,7 +3,8 @@
 Cases, in order (every check has fresh random inputs from (seed, case, step); the rank's own
 peer rows and route scratch are poisoned with NaN / -7 first, so a row nobody wrote fails):
 
-* ``correct`` / ``correct+padding`` at every width (a third of the rows get slot -1), and
+* ``correct`` / ``correct+padding`` at every width (a third of the rows get slot -1, at least one;
+  at width 1 that is its only row: ``all-padding``, every output row must be zero), and
   ``correct small-rms`` (inputs scaled by 1e-3, so the RMSNorm eps matters);
 * ``two-runners``: a production and a timeline runner on one peer buffer alternate; every step
   must be correct and move the one shared epoch on by exactly 1;
@@ -97,7 +98,8 @@ class Qualify:
         p = []
         for s in self.widths:
             p.append(("correct", s, lambda s=s: self.verdict(self.step(self.main, s, 0, final=False))))
-            p.append(("correct+padding", s,
+            # a third of the rows padded, at least one and never all; one row padded is its own case
+            p.append(("correct+padding" if s > 1 else "all-padding", s,
                       lambda s=s: self.verdict(self.step(self.main, s, max(1, s // 3), final=True))))
         # rows whose mean square (~1e-6) is comparable to the RMSNorm eps: the only inputs where
         # the eps shows (at unit scale 1e-5 vs 1e-6 moves the output by ~5e-6, under bf16's step)
