@@ -115,4 +115,6 @@ def test_chaos_ends_in_time_naming_the_rank(tmp_path, setup_s, tp, rank, chaos):
     # every survivor reported the steps it finished before the fault
     survivors = [r for r in doc["rows"] if r["rank"] != rank]
     assert survivors and all(r["steps"] >= at for r in survivors), doc["rows"]
+    if chaos == "kill":  # and the killed rank its own, written as it went
+        assert [r["steps"] for r in doc["rows"] if r["rank"] == rank] == [at], doc["rows"]
     assert not leftovers(tmp_path)

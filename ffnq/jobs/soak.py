@@ -95,7 +95,7 @@ class Soak:
         steps = o["steps"]
         for step in range(steps):
             if step == o.get("at_step"):
-                self.chaos()
+                self.chaos(t0)
             self.one(step, t0)
             self.n["steps"] += 1
             if step + 1 == min(WARM_STEPS, steps):
@@ -119,10 +119,12 @@ class Soak:
             raise RankFault(fault)
         self.check(step, s, parts, residual, slots, out, res_out, r)
 
-    def chaos(self) -> None:
+    def chaos(self, t0: float) -> None:
         o = self.opts
         if o.get("kill_rank") == self.rank:
             self.rec.write("chaos", what=f"rank {self.rank} kills itself (SIGKILL) at step {o['at_step']}")
+            # its counts so far, as a checkpoint: the report keeps every rank's counts up to the fault
+            self.rec.write("checkpoint", **self.counts(t0))
             os.kill(os.getpid(), signal.SIGKILL)
         if o.get("hang_rank") == self.rank:
             self.rec.write("chaos", what=f"rank {self.rank} stops arriving at step {o['at_step']}")
