@@ -45,6 +45,9 @@ class Runner:
     BLOCKS = 1  # CTAs of the persistent grid
     THREADS = 1  # threads per CTA
     EPOCH_WORDS = EPOCH_WORDS
+    # set by the checks (qualify, bench's check, soak): each output element is NaN until the kernel
+    # writes it, so an element it skips cannot pass on what the caching allocator handed back
+    poison_outputs = False
 
     def __init__(self, tp: int, rank: int, sym: int, peers: torch.Tensor, device: torch.device | str,
                  widths=None, experts: Experts | str = Experts.ALL, timeline: bool = False,
@@ -173,6 +176,12 @@ class Runner:
         """The experts the kernel chose in its last step of this width, [s, k] int64 (-1 on a
         padding row): what the checks follow on a near tie and compare with the oracle."""
         return self.view(width, "route").long()
+
+    def new_outputs(self, part: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's (out, res_out) for a kernel to write: NaN-filled under ``poison_outputs``."""
+        if self.poison_outputs:
+            return torch.full_like(part, float("nan")), torch.full_like(residual, float("nan"))
+        return torch.empty_like(part), torch.empty_like(residual)
 
     def chosen_weights(self, width: int) -> torch.Tensor:
         """The routing weights of ``chosen``'s experts in its order, [s, k] fp32 (0 on a padding row)."""

@@ -143,6 +143,16 @@ BiasAsWeight = mutant(_BiasAsWeight, "the biased scores used as the expert weigh
 BiasIgnored = mutant(_BiasIgnored, "the selection bias ignored: top-k of the plain scores")
 NoRenorm = mutant(_NoRenorm, "the chosen weights not renormalised to sum 1")
 RouterBf16 = mutant(_RouterBf16, "router logits computed in bf16 instead of fp32")
+class LastRowUnwritten(CpuRunner):
+    """the last row of out and res_out never written (its memory as the allocator gave it)"""
+
+    def __call__(self, part, residual, weights, slots, final=False):
+        out, res = super().__call__(part, residual, weights, slots, final)
+        o, r = self.new_outputs(out, res)
+        o[:-1], r[:-1] = out[:-1], res[:-1]
+        return o, r
+
+
 RouteWeightsUnwritten = mutant(_RouteWeightsUnwritten, "the routing weights (route_w) not written")
 ScaleColumnsShifted = mutant(_ScaleColumnsShifted, "each FP8 block scale taken from the next column block",
                              expert=_expert_scale_columns_shifted)

@@ -33,6 +33,7 @@ CAUGHT_BY = {
     "ResetKeepsScratch": "recovery",
     "RouteWeightsUnwritten": "correct",
     "ScaleColumnsShifted": "correct",
+    "LastRowUnwritten": "correct",
 }
 
 
@@ -60,3 +61,5 @@ def test_qualify_fails_the_mutant(name, tmp_path):
     assert any(r["case"].startswith(CAUGHT_BY[name]) for r in failed), [r["case"] for r in failed]
     # a FAIL carries its smallest evidence: where, expected and got, or the fault record
     assert all(r["evidence"] or r["fault"] for r in failed)
+    if name == "LastRowUnwritten":  # caught by the poison: the row reads NaN, whatever was there
+        assert any("got nan" in r["evidence"] for r in failed), [r["evidence"] for r in failed]

@@ -175,7 +175,12 @@ def run(job, opts: dict, rec: Records) -> None:
                 return out
 
             barrier()
+            kernel = name in ("fused", "none")  # a Runner; the baselines make their own outputs
+            if kernel:
+                rs[0].poison_outputs = True  # the check only: the timed steps pay no fill
             out, res_out = one(rs[0], sets[0])
+            if kernel:
+                rs[0].poison_outputs = False
             fault = rs[0].fault(s) if name in ("fused", "none") else None
             want = oracle(job, name, rs[0].chosen(s) if name != "none" else None, (parts, residual, slots),
                           ref_none if name == "none" else ref)

@@ -1,7 +1,8 @@
 """qualify, one rank: the case matrix against the fp64 reference, each rank checking itself.
 
 Cases, in order (every check has fresh random inputs from (seed, case, step); the rank's own
-peer rows and route scratch are poisoned with NaN / -7 first, so a row nobody wrote fails):
+peer rows and route scratch are poisoned with NaN / -7 first, and each output is NaN until the
+kernel writes it, so a row nobody wrote fails):
 
 * ``correct`` / ``correct+padding`` at every width (a third of the rows get slot -1, at least one;
   at width 1 that is its only row: ``all-padding``, every output row must be zero), and
@@ -49,6 +50,7 @@ class Qualify:
         self.tl = self.job.runner([self.wt], timeline=True)  # same peer buffer: shares the epoch
         for r in (self.main, self.tl):
             r.warm(self.job.weights, self.job.compute_units())
+            r.poison_outputs = True
         self.offsets = clock_offsets(self.main.clock_ns)
         rec.row("clock", {"rank": self.rank, "offset_ns": self.offsets[self.rank], "rounds": 9,
                           "method": "median of (clock_ns on rank - on rank 0) after a barrier"})

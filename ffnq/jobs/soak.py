@@ -67,6 +67,7 @@ class Soak:
         self.runners = [self.job.runner(opts["widths"]) for _ in range(opts.get("runners", 2))]
         for r in self.runners:
             r.warm(self.job.weights, self.job.compute_units())
+            r.poison_outputs = True  # every step's checksum is exchanged: none may pass on stale memory
         gpu = self.job.device.type != "cpu"
         self.check_every = opts.get("check_every") or (100 if gpu else 1)
         self.cache: dict = {}

@@ -183,8 +183,7 @@ class FlydslRunner(Runner):
         if per * cus < self.BLOCKS:
             raise RuntimeError(f"kernel {kernel_name(self.keys[s])}: grid of {self.BLOCKS} CTAs cannot be resident "
                                f"({per} CTAs per CU x {cus} CUs); not launched")
-        out = torch.empty_like(part)
-        res_out = torch.empty_like(residual)
+        out, res_out = self.new_outputs(part, residual)
         self._compiled[s](*self._args(s, part, residual, slots, out, res_out, weights, final))
         return out, res_out
 

@@ -189,7 +189,7 @@ class TritonRunner(Runner):
         """The step as a list of per-stage callables (for running several ranks of one process
         interleaved, stage by stage, under the interpreter) and its (out, res_out)."""
         s = self.check_inputs(part, residual, slots)
-        out, res_out = torch.empty_like(part), torch.empty_like(residual)
+        out, res_out = self.new_outputs(part, residual)
         args = self._args(s, part, residual, slots, out, res_out, weights)
         return [lambda st=st: self._launch_stage(s, args, st, final) for st in G.STAGES], (out, res_out)
 
@@ -259,8 +259,7 @@ class TritonRunner(Runner):
     def __call__(self, part, residual, weights, slots, final=False):
         s = self.check_inputs(part, residual, slots)
         self.settle(s, weights)
-        out = torch.empty_like(part)
-        res_out = torch.empty_like(residual)
+        out, res_out = self.new_outputs(part, residual)
         self._launch(s, self._args(s, part, residual, slots, out, res_out, weights), final)
         return out, res_out
 
