@@ -378,12 +378,12 @@ def compare(
             notes.append(f"the runs differ in {diff}: compare with care")
         verdict = f"{len(table)} rows: " + (cmp.counts(table) or "no change")
         show_table(table, json_out=json_out, title=f"compare {b['job']}: {Path(base).name} -> {Path(new).name}")
+        # the plot is drawn inside the report's temp folder: one that fails leaves no half-written report
+        plots = {"latency.png": lambda f: cmp.plot(b["tables"]["results"], n["tables"]["results"], f,
+                                                   (Path(base).name, Path(new).name))} if b["job"] == "bench" else {}
         path = write_report(out, "compare", b.get("config", {}).get("backend", "x"), b.get("config", {}).get("tp", 0),
                             table, meta=_meta({"base": str(base), "new": str(new)}) | {"config": n.get("config", {})},
-                            verdict=verdict, notes=notes)
-        if b["job"] == "bench":
-            cmp.plot(b["tables"]["results"], n["tables"]["results"], path / "latency.png",
-                     (Path(base).name, Path(new).name))
+                            verdict=verdict, notes=notes, plots=plots)
         for line in notes:
             (err_console if json_out else console).print(f"# {line}", highlight=False, soft_wrap=True)
         _footer(verdict, json_out)

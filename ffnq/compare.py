@@ -28,11 +28,40 @@ BAND_SIGMAS = 3.0
 RUN_TO_RUN_PCT = 2.0  # machine-to-machine spread the samples of one run cannot show
 CLOCK_PCT = 2.0  # SM clocks further apart than this (a power cap on one run) explain a latency delta
 COLUMNS = ["kind", "key", "metric", "base", "new", "delta_pct", "band_pct", "verdict"]
+# the results columns each job's comparison reads (a bench whose every width failed its check
+# before timing has no p50_us: it reads as untimed, NaN)
+NEEDS = {"bench": ("width",), "qualify": ("case", "width", "status"), "warm": ("width",)}
 
 
 def load(path: str | Path) -> dict:
+    """A report folder (or its results.json) whose results table has what its job's comparison
+    needs: refused here, before anything is compared or written, not by a KeyError midway."""
     p = Path(path)
-    return load_report(p.parent if p.name == "results.json" else p)
+    folder = p.parent if p.name == "results.json" else p
+    doc = load_report(folder)
+    doc["folder"] = str(folder)
+    job, t = doc["job"], doc["tables"]["results"]
+    if job not in NEEDS:
+        return doc  # compare() names the jobs it compares
+    if t.empty:
+        raise UsageError(f"report {folder}: its {job} results table is empty; nothing to compare")
+    missing = [c for c in NEEDS[job] if c not in t]
+    if missing:
+        raise UsageError(f"report {folder}: the {job} results table has no {', '.join(missing)} column; "
+                         f"compare needs {', '.join(NEEDS[job])}")
+    if job == "bench" and "p50_us" not in t:
+        t["p50_us"] = float("nan")
+    for c in [c for c in t.columns if c == "width" or c.endswith("_us") or c in ("steps", "sm_mhz")]:
+        num = pd.to_numeric(t[c], errors="coerce")  # a null (an untimed width) is NaN, not a string
+        if (num.isna() & t[c].notna()).any():
+            raise UsageError(f"report {folder}: column {c} of the results table holds "
+                             f"{t[c][num.isna() & t[c].notna()].iloc[0]!r}; need numbers")
+        t[c] = num
+    w = t.width  # bench and warm rows are keyed by width alone; qualify's by case and width
+    if (w.isna() | (w % 1 != 0)).any() or (job != "qualify" and w.duplicated().any()):
+        raise UsageError(f"report {folder}: results table widths {w.tolist()}: need whole numbers"
+                         + ("" if job == "qualify" else ", one row per width"))
+    return doc
 
 
 def _se(row, q: str) -> float:
@@ -110,6 +139,9 @@ def compare(base: dict, new: dict) -> pd.DataFrame:
     rows = {"bench": latency_rows, "qualify": qualify_rows, "warm": warm_rows}.get(jb)
     if rows is None:
         raise UsageError(f"compare: {jb} reports are not compared (bench, qualify, warm are)")
+    if jb == "bench" and not (tb.p50_us.notna().any() or tn.p50_us.notna().any()):
+        raise UsageError(f"compare {base.get('folder', 'base')} -> {new.get('folder', 'new')}: neither report "
+                         "timed a width (no p50_us); nothing to compare")
     return pd.DataFrame(rows(tb, tn), columns=COLUMNS)
 
 

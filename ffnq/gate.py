@@ -23,11 +23,14 @@ A config (configs/gates/*.toml):
 
 Exit 0 every check passed, 1 a check failed, 2 the gate could not run (config missing or
 malformed, bad options, a threshold that would judge nothing, a job that died or passed its
-deadline). Each job writes its own report;
+deadline). A check with nothing to judge in this run (resident where no width has an occupancy
+query: cpu) is SKIP, never PASS: counted apart, and a gate whose every check is SKIP judged
+nothing: exit 2, after writing its report. Each job writes its own report;
 the gate's folder holds junit.xml, summary.md, results.csv/json (one row per check).
 """
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
@@ -46,6 +49,40 @@ THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min
 SWITCHES = {"resident": "warm", "qualify_all_pass": "qualify", "no_new_fail": None}  # true / false
 
 
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # TOML true is no tp 1, nor is 1.9
+
+
+def _num(v) -> bool:
+    return (_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+# each option's TOML type, as the verb's own flag takes it; the ranges are launch.validate's
+OPTION_TYPES = {
+    **dict.fromkeys(("tp", "seed", "layers", "nnodes"), ("an integer", _int)),
+    **dict.fromkeys(("timeout", "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "deadline"), ("a finite number", _num)),
+    **dict.fromkeys(("backend", "runner", "model", "experts", "baselines", "rdzv_endpoint"),
+                    ("a string", lambda v: isinstance(v, str))),
+    "widths": ("a string such as '1-4,16' or an integer", lambda v: isinstance(v, str) or _int(v)),
+    "inject_rank": ("a rank, 'all', or a list of them",
+                    lambda v: all(isinstance(x, str) or _int(x) for x in (v if isinstance(v, list) else [v]))),
+}
+
+
+def _check_options(p: Path, where: str, opts: dict) -> None:
+    for k, v in opts.items():
+        if k in OPTION_TYPES and not OPTION_TYPES[k][1](v):
+            raise UsageError(f"gate config {p}: {where} {k} = {v!r}: need {OPTION_TYPES[k][0]}")
+
+
+def _table(p: Path, cfg: dict, key: str) -> dict:
+    """A top-level [key] table ({} when absent); anything else is refused, not read as one."""
+    v = cfg.get(key, {})
+    if not isinstance(v, dict):
+        raise UsageError(f"gate config {p}: {key} = {v!r}: need a [{key}] table")
+    return v
+
+
 def load_gate(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
@@ -59,45 +96,58 @@ def load_gate(path: str | Path) -> dict:
     if bad:  # a misspelt section ([threshold]) would leave its checks out without a word
         raise UsageError(f"gate config {p}: unknown key(s) or section(s) {', '.join(sorted(bad))}; allowed "
                          f"{', '.join(sorted(SECTIONS))}")
+    if not isinstance(cfg.get("name", ""), str):
+        raise UsageError(f"gate config {p}: name = {cfg['name']!r}: need a string")
     norm = lambda d: {k.replace("-", "_"): v for k, v in d.items()}  # noqa: E731
-    base = norm(cfg.get("options", {}))
+    base = norm(_table(p, cfg, "options"))
+    _check_options(p, "[options]", base)
     jobs = cfg.get("job", [])
     if not isinstance(jobs, list) or not jobs:
         raise UsageError(f"gate config {p}: needs at least one [[job]] with verb = {' | '.join(VERBS)}")
     out = []
     for i, j in enumerate(jobs):
+        if not isinstance(j, dict):
+            raise UsageError(f"gate config {p}: job {i + 1} = {j!r}: need a [[job]] table with verb = "
+                             f"{' | '.join(VERBS)}")
         j = norm(j)
         verb = j.pop("verb", None)
         if verb not in VERBS:
             raise UsageError(f"gate config {p}: job {i + 1} verb {verb!r}; allowed {', '.join(VERBS)}")
+        _check_options(p, f"job {i + 1}", j)
         opts = base | j
         bad = set(opts) - OPTION_KEYS
         if bad:
             raise UsageError(f"gate config {p}: unknown option(s) {', '.join(sorted(bad))}; allowed "
                              f"{', '.join(sorted(OPTION_KEYS))}")
         out.append((verb, opts))
-    th = norm(cfg.get("thresholds", {}))
+    th = norm(_table(p, cfg, "thresholds"))
     bad = set(th) - THRESHOLDS
     if bad:
         raise UsageError(f"gate config {p}: unknown threshold(s) {', '.join(sorted(bad))}; allowed "
                          f"{', '.join(sorted(THRESHOLDS))}")
-    cmp = cfg.get("compare", {})
+    cmp = _table(p, cfg, "compare")
     for verb, rel in cmp.items():
+        if not isinstance(rel, str):
+            raise UsageError(f"gate config {p}: [compare] {verb} = {rel!r}: need a report folder (a string)")
         path = (p.parent.parent.parent / rel) if not Path(rel).is_absolute() and not Path(rel).exists() else Path(rel)
         if verb not in VERBS or not (path / "results.json").is_file():
             raise UsageError(f"gate config {p}: [compare] {verb} = {rel!r}: need a job name ({', '.join(VERBS)}) "
                              f"and a report folder with results.json")
         cmp[verb] = str(path)
     _check_thresholds(p, th, out, cmp)
+    _check_bases(p, cmp)
     return {"name": cfg.get("name", p.stem), "path": str(p), "jobs": out, "thresholds": th, "compare": cmp}
 
 
 def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: dict) -> None:
-    """Refuse, before any job runs, a threshold that would judge nothing: of the wrong type, for
-    a job (or a [compare] base) the config does not have, or a p50 budget for a width no bench
-    job runs; and a config with no threshold on."""
+    """Refuse, before any job runs, a threshold that would judge nothing: of the wrong type or out
+    of range (a budget of -5 us or nan fails every width, a speedup minimum of -1 passes every
+    one), for a job (or a [compare] base) the config does not have, or a p50 budget for a width no
+    bench job runs; and a config with no threshold on."""
     verbs = {v for v, _ in jobs}
-    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    # a slowdown of 0% beyond the noise is a bound; a budget or a speedup minimum of 0 is none
+    need = lambda key: "a finite number " + (">= 0" if key == "max_slower_pct" else "> 0")  # noqa: E731
+    num = lambda key, v: _num(v) and (v >= 0 if key == "max_slower_pct" else v > 0)  # noqa: E731
 
     def need_job(key: str, verb: str) -> None:
         if verb not in verbs:
@@ -114,11 +164,12 @@ def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: dict
         if key == "p50_us_max" and isinstance(v, dict):
             ran = {w for verb, o in jobs if verb == "bench" for w in _widths(o)}
             for w, us in v.items():
-                if not (str(w).isdigit() and int(w) in ran) or not num(us):
+                if not (str(w).isdigit() and int(w) in ran) or not num(key, us):
                     raise UsageError(f"gate config {p}: p50_us_max {{ {w!r} = {us!r} }}: need a width a bench job "
-                                     f"runs ({', '.join(map(str, sorted(ran))) or 'none'}) = a number of us")
-        elif not num(v):
-            raise UsageError(f"gate config {p}: threshold {key} = {v!r}: need a number")
+                                     f"runs ({', '.join(map(str, sorted(ran))) or 'none'}) = a finite number of us "
+                                     "> 0")
+        elif not num(key, v):
+            raise UsageError(f"gate config {p}: threshold {key} = {v!r}: need {need(key)}")
         need_job(key, "bench")
         if key == "max_slower_pct" and "bench" not in cmp:
             raise UsageError(f"gate config {p}: threshold {key} judges the bench [compare] base, which this config "
@@ -130,6 +181,20 @@ def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: dict
             raise UsageError(f"gate config {p}: [compare] {verb}: this config has no {verb} job to compare")
     if not any(v is not False for v in th.values()):
         raise UsageError(f"gate config {p}: no threshold is on; allowed {', '.join(sorted(THRESHOLDS))}")
+
+
+def _check_bases(p: Path, cmp: dict) -> None:
+    """Read every [compare] base now: one that compare cannot use (malformed, another job's, a
+    bench that timed nothing) is a config error before any job runs, not after every one did."""
+    from ffnq.compare import load
+
+    for verb, path in cmp.items():
+        doc = load(path)
+        if doc["job"] != verb:
+            raise UsageError(f"gate config {p}: [compare] {verb} = {path}: a {doc['job']} report; need a {verb} one")
+        if verb == "bench" and not doc["tables"]["results"].p50_us.notna().any():
+            raise UsageError(f"gate config {p}: [compare] bench = {path}: no width was timed there (no p50_us); "
+                             "need a bench that timed its widths")
 
 
 def relative_checks(verb: str, base_path: str, new_path: str, th: dict) -> list[dict]:
@@ -175,8 +240,8 @@ def _widths(o: dict) -> list[int]:
     return parse_widths(str(o.get("widths", "all")), load_model(o.get("model", "tiny")).max_tokens)
 
 
-def job_options(opts: dict):
-    """A gate job's options -> validated JobOptions (the same checks as the verbs)."""
+def job_options(opts: dict, verb: str | None = None):
+    """A gate job's options -> validated JobOptions (the same checks as the verb ``verb``'s)."""
     from ffnq.cli import parse_baselines
     from ffnq.launch import JobOptions, fresh_seed, parse_inject, resolve_backend, validate
 
@@ -192,23 +257,30 @@ def job_options(opts: dict):
     for k in ("rep_ms", "warmup_ms", "burst_ms", "idle_ms"):
         if k in o:
             kw[k] = float(o[k])
-    return validate(JobOptions(**kw))
+    return validate(JobOptions(**kw), verb)
 
 
 def checks(verb: str, table: pd.DataFrame, th: dict, report: str) -> list[dict]:
-    """One row per threshold this job's table is judged by."""
+    """One row per threshold this job's table is judged by: PASS, FAIL, or SKIP where the run gave
+    it nothing to judge (a check that cannot fail is no PASS)."""
     rows = []
 
     def add(name, ok, value, limit):
-        rows.append({"check": name, "job": verb, "result": "PASS" if ok else "FAIL", "value": value,
-                     "threshold": limit, "report": report})
+        rows.append({"check": name, "job": verb, "result": "SKIP" if ok is None else "PASS" if ok else "FAIL",
+                     "value": value, "threshold": limit, "report": report})
 
     if verb == "warm" and th.get("resident"):
-        bad = table[table.resident.astype(str) == "no"].width.tolist()
-        na = (table.resident.astype(str) == "n/a").all()
-        add("every width resident", not bad, "n/a (no occupancy query)" if na else f"not resident: {bad or 'none'}",
-            "all widths")
-    if verb == "qualify" and th.get("qualify_all_pass"):
+        res = table.resident.astype(str) if "resident" in table else pd.Series("n/a", index=table.index)
+        bad = table[res == "no"].width.tolist()
+        na = table[~res.isin(["yes", "no"])].width.tolist()
+        if len(na) == len(table):  # no width had an occupancy query (cpu): nothing was judged
+            add("every width resident", None, "not judged: no occupancy query (resident n/a)", "all widths")
+        else:
+            add("every width resident", not bad, f"not resident: {bad or 'none'}" + (f"; n/a: {na}" if na else ""),
+                "all widths")
+    if verb == "qualify" and th.get("qualify_all_pass") and not len(table):
+        add("every qualify case PASS", None, "not judged: no case ran", "all PASS")
+    elif verb == "qualify" and th.get("qualify_all_pass"):
         bad = table[table.status != "PASS"]
         add("every qualify case PASS", bad.empty,
             f"{len(table) - len(bad)}/{len(table)} PASS" + (f"; failed: {', '.join(bad.case)}" if len(bad) else ""),
@@ -231,20 +303,23 @@ def checks(verb: str, table: pd.DataFrame, th: dict, report: str) -> list[dict]:
                 sp = r.get(f"speedup_{base}", float("nan"))
                 add(f"speedup_{base} w={int(r.width)}", sp == sp and sp >= float(lo),
                     f"{sp:.2f}x" if sp == sp else "no baseline", f">= {float(lo):g}x")
-        if "check" in table:
+        if "check" in table and len(table):
             bad = table[table.check != "OK"].width.tolist()
             add("bench correct before timing", not bad, f"failed widths: {bad or 'none'}", "all OK")
     return rows
 
 
 def junit(name: str, rows: pd.DataFrame, wall_s: float) -> str:
-    fails = int((rows.result != "PASS").sum())
+    fails, skips = int((rows.result == "FAIL").sum()), int((rows.result == "SKIP").sum())
+    counts = f'tests="{len(rows)}" failures="{fails}" skipped="{skips}"'
     out = [f'<?xml version="1.0" encoding="UTF-8"?>',
-           f'<testsuites name={quoteattr("ffnq gate " + name)} tests="{len(rows)}" failures="{fails}" time="{wall_s:.1f}">',
-           f'  <testsuite name={quoteattr(name)} tests="{len(rows)}" failures="{fails}" errors="0" time="{wall_s:.1f}">']
+           f'<testsuites name={quoteattr("ffnq gate " + name)} {counts} time="{wall_s:.1f}">',
+           f'  <testsuite name={quoteattr(name)} {counts} errors="0" time="{wall_s:.1f}">']
     for _, r in rows.iterrows():
         out.append(f'    <testcase classname={quoteattr("ffnq." + r.job)} name={quoteattr(r.check)}>')
-        if r.result != "PASS":
+        if r.result == "SKIP":
+            out.append(f"      <skipped message={quoteattr(str(r.value))}/>")
+        elif r.result != "PASS":
             msg = f"{r.value} (threshold {r.threshold})"
             out.append(f"      <failure message={quoteattr(msg)}>{escape(msg + '; report ' + str(r.report))}</failure>")
         out.append(f"      <system-out>{escape(str(r.value))}</system-out>")
@@ -256,11 +331,11 @@ def junit(name: str, rows: pd.DataFrame, wall_s: float) -> str:
 def run_gate(config: str, out: Path, json_out: bool) -> int:
     import time
 
-    from ffnq.cli import _footer, _meta, _saved, run_bench, run_qualify, run_warm
+    from ffnq.cli import _err, _footer, _meta, _saved, run_bench, run_qualify, run_warm
     from ffnq.report import show_table, write_report
 
     cfg = load_gate(config)
-    jobs = [(verb, job_options(o)) for verb, o in cfg["jobs"]]  # every job validated before any runs
+    jobs = [(verb, job_options(o, verb)) for verb, o in cfg["jobs"]]  # every job validated before any runs
     t0 = time.monotonic()
     rows = []
     runners = {"warm": run_warm, "qualify": run_qualify, "bench": run_bench}
@@ -272,8 +347,12 @@ def run_gate(config: str, out: Path, json_out: bool) -> int:
     df = pd.DataFrame(rows, columns=["check", "job", "result", "value", "threshold", "report"])
     if df.empty:
         raise UsageError(f"gate config {cfg['path']}: no [thresholds] apply to its jobs; nothing to judge")
-    fails = int((df.result != "PASS").sum())
-    verdict = f"gate {cfg['name']}: {len(df)} checks, {fails} failed: " + ("FAILED" if fails else "OK")
+    fails, skips = int((df.result == "FAIL").sum()), int((df.result == "SKIP").sum())
+    # every check SKIP: the gate judged nothing, which is no pass (exit 2, as a config whose
+    # thresholds judge nothing), though its report says which checks and why
+    idle = skips == len(df)
+    verdict = (f"gate {cfg['name']}: {len(df)} checks, {fails} failed, {skips} skipped: "
+               + ("FAILED" if fails else "NOTHING JUDGED" if idle else "OK"))
     show_table(df, json_out=json_out, title=f"gate {cfg['name']} ({cfg['path']})",
                columns=["check", "job", "result", "value", "threshold"])
     first = jobs[0][1]
@@ -283,4 +362,8 @@ def run_gate(config: str, out: Path, json_out: bool) -> int:
                         extra_files={"junit.xml": junit(cfg["name"], df, time.monotonic() - t0)})
     _footer(verdict, json_out)
     _saved(path, json_out)
+    if idle:
+        _err(f"gate config {cfg['path']}: every check was skipped ({'; '.join(sorted(set(df.value)))}); "
+             "nothing judged")
+        return 2
     return 1 if fails else 0

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 from rich.console import Console
@@ -79,7 +80,8 @@ def show_table(df: pd.DataFrame, *, json_out: bool = False, title: str | None = 
         for c, v in zip(cols, row):
             s = _fmt(v)
             if c == "status" or c == "result":
-                s = f"[green]{s}[/]" if s in ("PASS", "OK") else f"[bold red]{s}[/]"
+                color = "green" if s in ("PASS", "OK") else "yellow" if s == "SKIP" else "bold red"
+                s = f"[{color}]{s}[/]"
             cells.append(s)
         t.add_row(*cells)
     console.print(t)
@@ -203,8 +205,11 @@ def report_name(job: str, backend: str, tp: int) -> str:
 def write_report(out: Path, job: str, backend: str, tp: int, results: pd.DataFrame, *, meta: dict,
                  tables: dict[str, pd.DataFrame] | None = None, verdict: str = "",
                  notes: list[str] | None = None, timeline: pd.DataFrame | None = None,
-                 extra_files: dict[str, str] | None = None) -> Path:
-    """Write the whole folder under a temp name, then rename it into place; returns its path."""
+                 extra_files: dict[str, str] | None = None,
+                 plots: dict[str, Callable[[Path], None]] | None = None) -> Path:
+    """Write the whole folder under a temp name, then rename it into place; returns its path.
+    ``plots``: file name -> a function that draws it there (inside the temp folder, so a plot
+    that fails leaves no folder behind)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     final = out / report_name(job, backend, tp)
@@ -224,6 +229,8 @@ def write_report(out: Path, job: str, backend: str, tp: int, results: pd.DataFra
             plot_latency(results, tmp / "latency.png", meta.get("config", {}))
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        for name, draw in (plots or {}).items():
+            draw(tmp / name)
         (tmp / "summary.md").write_text(summary_md(job, verdict, meta, results, tables, notes or [],
                                                    timeline is not None and not timeline.empty))
         tmp.rename(final)
@@ -329,17 +336,32 @@ def plot_latency(results: pd.DataFrame, path: Path, cfg: dict) -> None:
 
 
 def load_report(path: Path) -> dict:
-    """A saved report's results.json, with its tables as DataFrames."""
+    """A saved report's results.json, with its tables as DataFrames. Its structure is checked
+    here, once: a dict with a job and tables, tables.results and every other table a list of rows
+    (JSON objects); anything else is one UsageError naming the folder, not a traceback later."""
     from ffnq.errors import UsageError
 
     f = Path(path) / "results.json"
     if not f.is_file():
         raise UsageError(f"report {path}: no results.json there (a folder written by ffnq)")
     try:
-        doc = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
+        doc = json.loads(f.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"report {path}: results.json is malformed ({e})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"report {path}: results.json holds a JSON {type(doc).__name__}; need an object with "
+                         "schema_version, job and tables")
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise UsageError(f"report {path}: schema_version {doc.get('schema_version')}, this ffnq reads {SCHEMA_VERSION}")
-    doc["tables"] = {k: pd.DataFrame(v) for k, v in doc.get("tables", {}).items()}
+    if not isinstance(doc.get("job"), str) or not doc["job"]:
+        raise UsageError(f"report {path}: results.json has no job (need a name: bench, qualify, warm, ...)")
+    if not isinstance(doc.get("config", {}), dict):
+        raise UsageError(f"report {path}: config in results.json is a {type(doc['config']).__name__}; need an object")
+    tables = doc.get("tables")
+    if not isinstance(tables, dict) or "results" not in tables:
+        raise UsageError(f"report {path}: results.json has no tables.results (need tables = {{results: [rows]}})")
+    for name, rows in tables.items():
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise UsageError(f"report {path}: table {name} in results.json is not a list of rows (JSON objects)")
+    doc["tables"] = {k: pd.DataFrame(v) for k, v in tables.items()}
     return doc

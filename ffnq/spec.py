@@ -15,8 +15,9 @@ Two memory spaces per rank (sizes in bytes, offsets 128-byte aligned):
 from __future__ import annotations
 
 import math
+import re
 import tomllib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from enum import Enum, IntEnum
 from pathlib import Path
 
@@ -72,15 +73,8 @@ class ModelSpec:
     max_tokens: int = 16
 
     def __post_init__(self):
-        for f in ("hidden", "experts", "top_k", "intermediate", "block", "max_tokens"):
-            if getattr(self, f) < 1:
-                raise UsageError(f"model {self.name}: {f}={getattr(self, f)} must be >= 1")
-        if self.hidden % self.block or self.intermediate % self.block:
-            raise UsageError(
-                f"model {self.name}: hidden ({self.hidden}) and intermediate ({self.intermediate}) "
-                f"must be multiples of the block ({self.block})")
-        if self.top_k > self.experts:
-            raise UsageError(f"model {self.name}: top_k ({self.top_k}) > experts ({self.experts})")
+        check_fields(f"model {self.name}", asdict(self))
+        object.__setattr__(self, "eps", float(self.eps))  # a TOML `eps = 1` is an int
 
     def check(self, tp: int, experts: Experts) -> None:
         """Raise UsageError for a TP this model's block size or expert count forbids."""
@@ -110,6 +104,34 @@ class ModelSpec:
         return 3 * self.hidden * self.intermediate_per_rank(tp, experts)
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # it becomes part of every kernel's name
+
+
+def _field_problem(f: str, v) -> str | None:
+    """What is wrong with one field's value (what is allowed), or None."""
+    if f == "name":
+        return None if isinstance(v, str) and NAME.fullmatch(v) else "need a non-empty name of letters, digits, - or _"
+    if f == "eps":
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        return None if ok else "need a finite number > 0"
+    # an int only: 256.0 or true would pass the range checks and fail later, in a rank
+    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else "need an integer >= 1"
+
+
+def check_fields(where: str, vals: dict) -> None:
+    """Every field's type and range, then the ones that bound each other; UsageError naming ``where``."""
+    for f, v in vals.items():
+        problem = _field_problem(f, v)
+        if problem:
+            raise UsageError(f"{where}: {f} = {v!r}: {problem}")
+    if vals["hidden"] % vals["block"] or vals["intermediate"] % vals["block"]:
+        raise UsageError(
+            f"{where}: hidden ({vals['hidden']}) and intermediate ({vals['intermediate']}) "
+            f"must be multiples of the block ({vals['block']})")
+    if vals["top_k"] > vals["experts"]:
+        raise UsageError(f"{where}: top_k ({vals['top_k']}) > experts ({vals['experts']})")
+
+
 def load_model(name_or_path: str | Path) -> ModelSpec:
     """A name in configs/models (``tiny``, ``minimax-m2``) or a path to a TOML file."""
     path = Path(name_or_path)
@@ -118,11 +140,24 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
     if not path.is_file():
         known = sorted(p.stem for p in (CONFIGS / "models").glob("*.toml"))
         raise UsageError(f"model {str(name_or_path)!r}: no such file; known models: {', '.join(known)}")
+    where = f"model config {path}"
     try:
-        raw = tomllib.loads(path.read_text())
-        return ModelSpec(**raw)
-    except (tomllib.TOMLDecodeError, TypeError) as e:
-        raise UsageError(f"model config {path}: malformed ({e})") from None
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{where}: malformed ({e})") from None
+    except OSError as e:
+        raise UsageError(f"{where}: cannot read it ({e.strerror})") from None
+    required = [f.name for f in fields(ModelSpec) if f.default is MISSING]
+    defaults = {f.name: f.default for f in fields(ModelSpec) if f.default is not MISSING}
+    unknown = sorted(set(raw) - set(required) - set(defaults))
+    missing = [f for f in required if f not in raw]
+    if unknown or missing:
+        what = f"unknown field(s) {', '.join(unknown)}" if unknown else f"missing field(s) {', '.join(missing)}"
+        raise UsageError(f"{where}: malformed: {what}; required {', '.join(required)}, optional "
+                         f"{', '.join(defaults)}")
+    vals = defaults | raw
+    check_fields(where, vals)  # named by the file, not by the name inside it
+    return ModelSpec(**vals)
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
-from ffnq.compare import counts, latency_rows, qualify_rows, warm_rows
+from ffnq.compare import compare, counts, latency_rows, load, qualify_rows, warm_rows
+from ffnq.errors import UsageError
 
 TESTS = Path(__file__).parent
 
@@ -81,6 +84,51 @@ def test_a_width_in_one_run_only_is_named_and_a_gone_one_fails_the_gate(monkeypa
     assert added == {"vs base x @4 status": "FAIL"}
     assert gate(q(["correct"], ["PASS"]), q(["correct", "x"], ["PASS", "PASS"]), "qualify",
                 {"no_new_fail": True}) == {"vs base x @4 status": "PASS"}
+
+
+def saved(folder: Path, job: str, rows) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps({"schema_version": 1, "job": job, "tables": {"results": rows}}))
+    return folder
+
+
+@pytest.mark.parametrize("job, rows, match", [
+    ("bench", [{"p50_us": 1.0}], "the bench results table has no width column; compare needs width"),
+    ("qualify", [{"width": 1, "case": "correct"}], "the qualify results table has no status column"),
+    ("warm", [{"resident": "yes"}], "the warm results table has no width column"),
+    ("bench", [], "its bench results table is empty; nothing to compare"),
+    ("qualify", [], "its qualify results table is empty; nothing to compare"),
+    ("bench", [{"width": "a", "p50_us": 1.0}], "column width of the results table holds 'a'; need numbers"),
+    ("bench", [{"width": 1, "p50_us": "fast"}], "column p50_us .* holds 'fast'; need numbers"),
+    ("bench", [{"width": 1.5, "p50_us": 1.0}], r"results table widths \[1.5\]: need whole numbers, one row per width"),
+    ("warm", [{"width": 1}, {"width": 1}], r"results table widths \[1, 1\]: need whole numbers, one row per width"),
+])
+def test_a_results_table_compare_cannot_read_is_refused_at_load(tmp_path, job, rows, match):
+    folder = saved(tmp_path / "r", job, rows)
+    for path in (folder, folder / "results.json"):
+        with pytest.raises(UsageError, match=rf"^report {re.escape(str(folder))}: {match}"):
+            load(path)
+
+
+def test_benches_that_timed_nothing_are_not_compared(tmp_path):
+    """No p50_us anywhere (every width failed its check before timing) is nothing to compare; one
+    untimed side against a timed one still compares (the plot and the rows read NaN)."""
+    untimed = load(saved(tmp_path / "u", "bench", [{"width": 1}]))
+    with pytest.raises(UsageError, match=r"compare .*u -> .*u: neither report timed a width \(no p50_us\)"):
+        compare(untimed, untimed)
+    timed = load(saved(tmp_path / "t", "bench", [{"width": 1, "p50_us": 10.0, "p90_us": 11.0, "steps": 50}]))
+    assert compare(timed, untimed).empty and untimed["tables"]["results"].p50_us.isna().all()
+
+
+def test_compare_verb_refuses_a_malformed_table_before_writing(tmp_path):
+    r = saved(tmp_path / "r", "bench", [{"width": 1}])
+    p = ffnq("compare", str(r), str(r), "--out", str(tmp_path / "out"), tmp=tmp_path)
+    assert p.returncode == 2 and "nothing to compare" in p.stderr, p.stderr[-2000:]
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    saved(r, "bench", [{"p50_us": 1.0}])
+    p = ffnq("compare", str(r), str(r), "--out", str(tmp_path / "out"), tmp=tmp_path)
+    assert p.returncode == 2 and "no width column" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def ffnq(*args, tmp: Path) -> subprocess.CompletedProcess:

@@ -54,7 +54,7 @@ def test_cpu_gate_options_validate():
     ("[[job]]\nverb = 'bench'\n[threshold]\np50_us_max = 9", r"unknown key\(s\) or section\(s\) threshold;"),
     ("[[job]]\nverb = 'bench'\n[thresholds]\nqualify_all_pass = true", "qualify_all_pass judges the qualify job"),
     ("[[job]]\nverb = 'bench'\n[thresholds]\nresident = 'yes'", "resident = 'yes': allowed true or false"),
-    ("[[job]]\nverb = 'bench'\n[thresholds]\np50_us_max = '9'", "p50_us_max = '9': need a number"),
+    ("[[job]]\nverb = 'bench'\n[thresholds]\np50_us_max = '9'", "p50_us_max = '9': need a finite number > 0"),
     ("[[job]]\nverb = 'bench'\nwidths = '1,16'\n[thresholds]\np50_us_max = { '1' = 9, '8' = 9 }",
      r"p50_us_max \{ '8' = 9 \}: need a width a bench job runs \(1, 16\)"),
     ("[[job]]\nverb = 'qualify'\n[thresholds]\nspeedup_unfused_min = 1.0", "judges the bench job"),
@@ -70,6 +70,87 @@ def test_bad_configs_refused(tmp_path, text, match):
         load_gate(f)
     with pytest.raises(UsageError, match="no such file"):
         load_gate(tmp_path / "missing.toml")
+
+
+BENCH = "[[job]]\nverb = 'bench'\nwidths = '2'\n"
+P50 = "[thresholds]\np50_us_max = 9\n"
+
+
+@pytest.mark.parametrize("text, match", [
+    # a value of the wrong type is one line (exit 2), not a ValueError/TypeError from deep inside
+    ("[options]\ntp = 'abc'\n" + BENCH + P50, r"\[options\] tp = 'abc': need an integer$"),
+    ("[options]\ntimeout = 'fast'\n" + BENCH + P50, r"\[options\] timeout = 'fast': need a finite number$"),
+    ("[options]\nseed = 'x'\n" + BENCH + P50, "seed = 'x': need an integer"),
+    ("[options]\ndeadline = 'soon'\n" + BENCH + P50, "deadline = 'soon': need a finite number"),
+    ("[options]\nbackend = 5\n" + BENCH + P50, "backend = 5: need a string"),
+    ("[options]\nmodel = 5\n" + BENCH + P50, "model = 5: need a string"),
+    (BENCH + "rep_ms = 'x'\n" + P50, r"job 1 rep_ms = 'x': need a finite number$"),
+    (BENCH + "timeout = inf\n" + P50, "job 1 timeout = inf: need a finite number"),
+    (BENCH + "inject_rank = 1.5\n" + P50, "job 1 inject_rank = 1.5: need a rank, 'all', or a list of them"),
+    # no silent coercion: true and 1.9 would both run as tp 1
+    (BENCH + "tp = true\n" + P50, "job 1 tp = True: need an integer"),
+    (BENCH + "tp = 1.9\n" + P50, "job 1 tp = 1.9: need an integer"),
+    # a top-level key that is not the table it names
+    ("options = 5\n" + BENCH + P50, r"options = 5: need a \[options\] table"),
+    ("job = [1]\n" + P50, r"job 1 = 1: need a \[\[job\]\] table with verb = warm \| qualify \| bench"),
+    ("thresholds = 5\n" + BENCH, r"thresholds = 5: need a \[thresholds\] table"),
+    ("compare = 5\n" + BENCH + P50, r"compare = 5: need a \[compare\] table"),
+    ("name = 5\n" + BENCH + P50, "name = 5: need a string"),
+    (BENCH + P50 + "[compare]\nbench = 5\n", r"\[compare\] bench = 5: need a report folder"),
+    # a threshold out of range judges every width the same way, whatever ran
+    (BENCH + "[thresholds]\np50_us_max = -5\n", "threshold p50_us_max = -5: need a finite number > 0"),
+    (BENCH + "[thresholds]\np50_us_max = nan\n", "threshold p50_us_max = nan: need a finite number > 0"),
+    (BENCH + "[thresholds]\np50_us_max = { '2' = -1 }\n", r"p50_us_max \{ '2' = -1 \}: .* = a finite number of us > 0"),
+    (BENCH + "[thresholds]\nspeedup_unfused_min = -1.0\n", "speedup_unfused_min = -1.0: need a finite number > 0"),
+    (BENCH + "[thresholds]\nspeedup_stock_min = 0\n", "speedup_stock_min = 0: need a finite number > 0"),
+    (BENCH + "[thresholds]\nmax_slower_pct = -1\n", "max_slower_pct = -1: need a finite number >= 0"),
+    (BENCH + "[thresholds]\nmax_slower_pct = nan\n", "max_slower_pct = nan: need a finite number >= 0"),
+])
+def test_bad_types_and_ranges_refused_at_load(tmp_path, text, match):
+    f = tmp_path / "g.toml"
+    f.write_text(text)
+    with pytest.raises(UsageError, match=rf"^gate config {re.escape(str(f))}: .*{match}"):
+        load_gate(f)
+
+
+@pytest.mark.parametrize("line, match", [("rep_ms = 0", "--rep-ms 0 "), ("warmup_ms = -5", "--warmup-ms -5")])
+def test_gate_bench_windows_checked_as_the_cli_checks_them(tmp_path, line, match):
+    """launch.validate holds the bench's range checks, so a gate job gets the CLI's refusal."""
+    f = tmp_path / "g.toml"
+    f.write_text(BENCH + line + "\n" + P50)
+    with pytest.raises(UsageError, match=re.escape(match)):
+        [job_options(o) for _, o in load_gate(f)["jobs"]]
+
+
+@pytest.mark.parametrize("doc, match", [
+    ({"schema_version": 1, "job": "qualify", "tables": {"results": [{"case": "c", "width": 2, "status": "PASS"}]}},
+     r"\[compare\] bench = .*: a qualify report; need a bench one"),
+    ({"schema_version": 1, "job": "bench", "tables": {"results": [{"width": 2}]}},
+     r"\[compare\] bench = .*: no width was timed there"),
+    ({"schema_version": 1, "job": "bench", "tables": {"results": [{"p50_us": 3.0}]}}, "has no width column"),
+    ([1], "holds a JSON list"),
+])
+def test_a_compare_base_compare_cannot_use_is_refused_at_load(tmp_path, doc, match):
+    """Read before any job runs: not after every job ran, as a traceback or a late exit 2."""
+    import json
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "results.json").write_text(json.dumps(doc))
+    f = tmp_path / "g.toml"
+    f.write_text(BENCH + "[thresholds]\nmax_slower_pct = 5\n" + f"[compare]\nbench = '{tmp_path / 'base'}'\n")
+    with pytest.raises(UsageError, match=match):
+        load_gate(f)
+
+
+def test_gate_jobs_validated_as_their_verb(tmp_path):
+    """qualify's stale-epoch cases wait past the timeout at every tp > 1: a qualify job's timeout
+    is held to the CLI's qualify limit, a bench job's is not."""
+    f = tmp_path / "g.toml"
+    f.write_text("[options]\ntp = 2\ntimeout = 1.45\n[[job]]\nverb = 'qualify'\n" + BENCH + P50)
+    (q, qo), (b, bo) = load_gate(f)["jobs"]
+    assert job_options(bo, b).timeout_s == 1.45
+    with pytest.raises(UsageError, match="--timeout 1.45: qualify's cases over the timeout"):
+        job_options(qo, q)
 
 
 def test_a_compare_base_without_its_job_is_refused(tmp_path):
@@ -94,8 +175,25 @@ def test_checks_judge_each_threshold():
     w = pd.DataFrame({"width": [1, 2], "resident": ["yes", "no"]})
     assert checks("warm", w, {"resident": True}, "r")[0]["result"] == "FAIL"
     doc = ET.fromstring(junit("g", rows, 1.0))
-    assert doc.get("tests") == "5" and doc.get("failures") == "2"
+    assert doc.get("tests") == "5" and doc.get("failures") == "2" and doc.get("skipped") == "0"
     assert len(doc.findall(".//failure")) == 2
+
+
+def test_a_check_that_judges_nothing_is_skip_not_pass():
+    """cpu has no occupancy query: every width's resident is n/a, and a check that cannot fail
+    must not read as a PASS (in the table or in JUnit)."""
+    w = pd.DataFrame({"width": [1, 2], "resident": ["n/a", "n/a"]})
+    row = checks("warm", w, {"resident": True}, "r")[0]
+    assert row["result"] == "SKIP" and "no occupancy query" in row["value"]
+    part = checks("warm", w.assign(resident=["yes", "n/a"]), {"resident": True}, "r")[0]
+    assert part["result"] == "PASS" and "n/a: [2]" in part["value"]
+    assert checks("qualify", pd.DataFrame(), {"qualify_all_pass": True}, "r")[0]["result"] == "SKIP"
+    rows = pd.DataFrame([row, {**row, "check": "x", "result": "FAIL"}, {**row, "check": "y", "result": "PASS"}])
+    doc = ET.fromstring(junit("g", rows, 1.0))
+    assert (doc.get("tests"), doc.get("failures"), doc.get("skipped")) == ("3", "1", "1")
+    skipped = doc.findall(".//testcase/skipped")
+    assert len(skipped) == 1 and "no occupancy query" in skipped[0].get("message")
+    assert len(doc.findall(".//failure")) == 1
 
 
 def test_gate_passes_then_fails_on_an_impossible_threshold(tmp_path):
@@ -103,7 +201,7 @@ def test_gate_passes_then_fails_on_an_impossible_threshold(tmp_path):
     cfg.write_text(SMALL.replace("{P50}", "500000"))
     r = ffnq("gate", cfg, "--out", tmp_path / "ok")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"gate small: \d+ checks, 0 failed: OK", r.stdout), r.stdout
+    assert re.search(r"gate small: \d+ checks, 0 failed, 0 skipped: OK", r.stdout), r.stdout
     g = one_report(tmp_path / "ok", "gate")
     assert ET.parse(g / "junit.xml").getroot().get("failures") == "0"
     assert one_report(tmp_path / "ok", "qualify") and one_report(tmp_path / "ok", "bench")
@@ -125,3 +223,26 @@ def test_gate_that_cannot_run_exits_2(tmp_path):
     assert not (tmp_path / "out").exists()
     r = ffnq("gate", tmp_path / "none.toml", "--out", tmp_path / "out")
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_gate_bad_type_exits_2_on_one_line(tmp_path):
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(SMALL.replace("{P50}", "500000").replace("tp = 2", "tp = 'abc'"))
+    r = ffnq("gate", cfg, "--out", tmp_path / "out")
+    assert r.returncode == 2 and "tp = 'abc': need an integer" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_gate_whose_every_check_is_skipped_does_not_pass(tmp_path):
+    """On cpu a warm-only gate judging residency judges nothing: exit 2 (could not judge), its
+    report written with the check as JUnit <skipped>."""
+    cfg = tmp_path / "g.toml"
+    cfg.write_text('name = "idle"\n[options]\nbackend = "cpu"\nmodel = "tiny"\ntp = 2\n'
+                   '[[job]]\nverb = "warm"\nwidths = "1"\n[thresholds]\nresident = true\n')
+    r = ffnq("gate", cfg, "--out", tmp_path / "out")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "gate idle: 1 checks, 0 failed, 1 skipped: NOTHING JUDGED" in r.stdout
+    assert "every check was skipped" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    doc = ET.parse(one_report(tmp_path / "out", "gate") / "junit.xml").getroot()
+    assert doc.get("skipped") == "1" and doc.get("failures") == "0" and doc.find(".//skipped") is not None

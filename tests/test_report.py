@@ -1,5 +1,6 @@
 """report: the handshake table, the Chrome trace, the folder written atomically and read back."""
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -84,6 +85,52 @@ def test_load_report_refuses_a_foreign_folder(tmp_path):
     (tmp_path / "results.json").write_text("{")
     with pytest.raises(UsageError, match="malformed"):
         load_report(tmp_path)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("[1, 2]", "results.json holds a JSON list; need an object with schema_version, job and tables"),
+    ('{"schema_version": 1, "job": "bench"}', r"no tables.results \(need tables = \{results: \[rows\]\}\)"),
+    ('{"schema_version": 1, "job": "bench", "tables": {"per_rank": []}}', "no tables.results"),
+    ('{"schema_version": 1, "job": "bench", "tables": 5}', "no tables.results"),
+    ('{"schema_version": 1, "job": "bench", "tables": {"results": 5}}', "table results in results.json is not a list"),
+    ('{"schema_version": 1, "job": "bench", "tables": {"results": [1]}}', "table results .* list of rows"),
+    ('{"schema_version": 1, "job": "bench", "tables": {"results": [], "x": {"a": 1}}}', "table x .* list of rows"),
+    ('{"schema_version": 1, "tables": {"results": []}}', "results.json has no job"),
+    ('{"schema_version": 1, "job": "bench", "config": "x", "tables": {"results": []}}',
+     "config in results.json is a str"),
+])
+def test_load_report_refuses_a_malformed_structure(tmp_path, text, match):
+    (tmp_path / "results.json").write_text(text)
+    with pytest.raises(UsageError, match=rf"^report {re.escape(str(tmp_path))}: .*{match}"):
+        load_report(tmp_path)
+
+
+def test_load_report_refuses_bytes_that_are_not_utf8(tmp_path):
+    (tmp_path / "results.json").write_bytes(b'{"job": "caf\xe9"}')
+    with pytest.raises(UsageError, match="results.json is malformed"):
+        load_report(tmp_path)
+
+
+def test_report_verb_on_a_malformed_folder_is_one_line_exit_2(tmp_path):
+    from helpers import ffnq
+
+    (tmp_path / "results.json").write_text('{"schema_version": 1, "job": "bench"}')
+    r = ffnq("report", tmp_path)
+    assert r.returncode == 2 and "no tables.results" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_write_report_draws_its_plots_before_the_folder_is_in_place(tmp_path):
+    drawn = write_report(tmp_path / "ok", "compare", "cpu", 2, pd.DataFrame({"a": [1]}), meta={},
+                         plots={"p.png": lambda f: f.write_bytes(b"png")})
+    assert (drawn / "p.png").read_bytes() == b"png"
+
+    def boom(f):
+        raise AttributeError("no p50_us")
+
+    with pytest.raises(AttributeError):
+        write_report(tmp_path / "bad", "compare", "cpu", 2, pd.DataFrame({"a": [1]}), meta={}, plots={"p.png": boom})
+    assert list((tmp_path / "bad").iterdir()) == []
 
 
 def test_show_table_json_and_markdown(capsys):

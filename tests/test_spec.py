@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from ffnq.errors import UsageError
@@ -41,8 +43,49 @@ def test_bad_model_inputs(tmp_path):
     with pytest.raises(UsageError, match="malformed"):
         load_model(bad)
     bad.write_text("name = 'x'\nhidden = 256\n")
-    with pytest.raises(UsageError, match="malformed"):
+    with pytest.raises(UsageError, match="malformed: missing field.s. experts, top_k, intermediate; required"):
         load_model(bad)
+    bad.write_text(TINY + "colour = 1\n")
+    with pytest.raises(UsageError, match="malformed: unknown field.s. colour; required .*optional eps, block"):
+        load_model(bad)
+
+
+TINY = "name = 'x'\nhidden = 256\nexperts = 32\ntop_k = 8\nintermediate = 1536\n"
+
+
+@pytest.mark.parametrize("line, match", [
+    # each field typed and in range at load, not a TypeError or a silent float in a rank later
+    ("max_tokens = 2.5", "max_tokens = 2.5: need an integer >= 1"),
+    ("hidden = 256.0", "hidden = 256.0: need an integer >= 1"),
+    ("experts = true", "experts = True: need an integer >= 1"),
+    ("top_k = 0", "top_k = 0: need an integer >= 1"),
+    ("block = -128", "block = -128: need an integer >= 1"),
+    ("intermediate = '1536'", "intermediate = '1536': need an integer >= 1"),
+    ("name = 5", "name = 5: need a non-empty name"),
+    ("name = ''", "name = '': need a non-empty name"),
+    ("name = 'a/b'", "name = 'a/b': need a non-empty name of letters, digits, - or _"),
+    ("eps = 'x'", "eps = 'x': need a finite number > 0"),
+    ("eps = -1.0", "eps = -1.0: need a finite number > 0"),
+    ("eps = 0", "eps = 0: need a finite number > 0"),
+    ("eps = nan", "eps = nan: need a finite number > 0"),
+    ("eps = inf", "eps = inf: need a finite number > 0"),
+])
+def test_model_fields_are_typed_and_ranged_at_load(tmp_path, line, match):
+    bad = tmp_path / "m.toml"
+    key = line.split(" ")[0]
+    bad.write_text("".join(x + "\n" for x in TINY.splitlines() if not x.startswith(key + " ")) + line + "\n")
+    with pytest.raises(UsageError, match=rf"^model config {re.escape(str(bad))}: {match}") as e:
+        load_model(bad)
+    assert "\n" not in str(e.value)
+
+
+def test_model_file_not_utf8_or_int_eps(tmp_path):
+    bad = tmp_path / "m.toml"
+    bad.write_bytes(TINY.encode() + b"# caf\xe9\n")
+    with pytest.raises(UsageError, match=r"m\.toml: malformed \('utf-8' codec"):
+        load_model(bad)
+    bad.write_text(TINY + "eps = 1\n")  # a whole number is still a number
+    assert load_model(bad).eps == 1.0 and isinstance(load_model(bad).eps, float)
 
 
 def test_build_key_and_layouts():
@@ -72,3 +115,5 @@ def test_stamp_names_cover_every_phase_and_peer():
 def test_model_spec_validates():
     with pytest.raises(UsageError, match="top_k"):
         ModelSpec("x", 256, 4, 8, 256)
+    with pytest.raises(UsageError, match=r"model x: hidden = 256\.0: need an integer >= 1"):
+        ModelSpec("x", 256.0, 4, 2, 256)
