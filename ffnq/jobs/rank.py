@@ -59,6 +59,8 @@ def step_inputs(model: ModelSpec, tp: int, seed: int, s: int, case: int, step: i
                 device: torch.device | str = "cpu"):
     """Every rank's part, the residual and slots of one check; ``padding`` rows get slot -1
     (spread over the width, never all of it unless padding >= s)."""
+    if padding < 0:
+        raise ValueError(f"padding {padding}: allowed >= 0 rows")
     g = torch.Generator().manual_seed((seed * 1_000_003 + case * 10_007 + step * 101 + s) & 0x7FFF_FFFF)
     H = model.hidden
     parts = [(torch.randn(s, H, generator=g) / tp ** 0.5).bfloat16() for _ in range(tp)]
