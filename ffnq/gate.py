@@ -205,12 +205,12 @@ def relative_checks(verb: str, base_path: str, new_path: str, th: dict) -> list[
     table = compare(load(base_path), load(new_path))
     pct = th.get("max_slower_pct")
     for _, r in table.iterrows():
-        if r.kind == "latency" and r.metric == "p50_us" and pct is not None and r.verdict in ("gone", "new"):
-            if r.verdict == "gone":  # a width the base judged that this run did not time
-                rows.append({"check": f"vs base p50 {r.key}", "job": verb, "result": "FAIL",
-                             "value": f"not timed in this run (base {r.base:.1f} us)",
-                             "threshold": "every base width timed", "report": new_path})
-        elif r.kind == "latency" and r.metric == "p50_us" and pct is not None:
+        if r.kind == "latency" and r.metric == "p50_us" and pct is not None and r.verdict == "gone":
+            # a width the base judged that this run did not time
+            rows.append({"check": f"vs base p50 {r.key}", "job": verb, "result": "FAIL",
+                         "value": f"not timed in this run (base {r.base:.1f} us)",
+                         "threshold": "every base width timed", "report": new_path})
+        elif r.kind == "latency" and r.metric == "p50_us" and pct is not None and r.verdict != "new":
             bad = r.verdict == "slower" and r.delta_pct > float(pct)
             rows.append({"check": f"vs base p50 {r.key}", "job": verb, "result": "FAIL" if bad else "PASS",
                          "value": f"{r.new:.1f} us vs {r.base:.1f} ({r.delta_pct:+.1f}%, noise {r.band_pct:.1f}%, "
@@ -250,7 +250,8 @@ def job_options(opts: dict, verb: str | None = None):
     inject = o.get("inject_rank", [])
     kw = dict(backend=o.get("runner") or resolve_backend(o.get("backend", "auto")), model=o.get("model", "tiny"),
               tp=tp, experts=o.get("experts", "all"), widths=_widths(o),
-              timeout_s=float(o.get("timeout", 1.0)), seed=int(o["seed"]) if "seed" in o else fresh_seed(), nnodes=int(o.get("nnodes", 1)),
+              timeout_s=float(o.get("timeout", 1.0)), seed=int(o["seed"]) if "seed" in o else fresh_seed(),
+              nnodes=int(o.get("nnodes", 1)),
               rdzv_endpoint=o.get("rdzv_endpoint"), deadline_s=o.get("deadline"),
               inject_ranks=parse_inject(inject if isinstance(inject, list) else [inject], tp),
               layers=int(o.get("layers", 1)), **parse_baselines(o.get("baselines", "auto")))

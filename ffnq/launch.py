@@ -218,9 +218,10 @@ def validate(opts: JobOptions, verb: str | None = None) -> JobOptions:
         raise UsageError(f"--nnodes {opts.nnodes}: must be >= 1 and divide --tp {opts.tp}")
     if opts.nnodes > 1 and not opts.rdzv_endpoint:
         raise UsageError(f"--nnodes {opts.nnodes}: needs --rdzv-endpoint HOST:PORT")
-    m = RDZV.fullmatch(opts.rdzv_endpoint or "") if opts.rdzv_endpoint is not None else None
-    if opts.rdzv_endpoint is not None and not (m and 1 <= int(m[1]) <= 65535):
-        raise UsageError(f"--rdzv-endpoint {opts.rdzv_endpoint!r}: need HOST:PORT, port 1..65535")
+    if opts.rdzv_endpoint is not None:
+        m = RDZV.fullmatch(opts.rdzv_endpoint)
+        if not (m and 1 <= int(m[1]) <= 65535):
+            raise UsageError(f"--rdzv-endpoint {opts.rdzv_endpoint!r}: need HOST:PORT, port 1..65535")
     if opts.backend not in BACKENDS and ":" not in opts.backend:
         raise UsageError(f"--backend {opts.backend!r}: allowed auto, {', '.join(BACKENDS)} "
                          f"(or --runner package.module:Class)")

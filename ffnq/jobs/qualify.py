@@ -292,8 +292,9 @@ def evidence(r, s, out, res_out, ref, slots) -> dict:
     # the routing weights the kernel reports for its experts (a padding row's are 0): fp32 from fp32
     # logits, so within ROUTE_W_ATOL of the oracle's (a weight off by that moves the output under
     # bf16's step); rows whose experts differ are already counted above
-    wdiff = (r.chosen_weights(s).cpu().double() - ref.weights.cpu()).abs()[~bad_rows]
-    w_wrong = int((wdiff.nan_to_num(float("inf")) > ROUTE_W_ATOL).sum())
+    w_got = r.chosen_weights(s).cpu().double()
+    wdiff = (w_got - ref.weights.cpu()).abs()[~bad_rows].nan_to_num(float("inf"))
+    w_wrong = int((wdiff > ROUTE_W_ATOL).sum())
     worst_c = c_out if c_out["rel_err"] >= c_res["rel_err"] else c_res
     w = worst_c["worst"] or {}
     which = "out" if worst_c is c_out else "res_out"
@@ -308,11 +309,9 @@ def evidence(r, s, out, res_out, ref, slots) -> dict:
         i = int(mismatch.nonzero()[0])
         ev["route_txt"] = f"route row {i}: expected {want[i].tolist()} got {got[i].tolist()}"
     elif w_wrong:
-        rows = (~bad_rows).nonzero().flatten()
-        i, j = divmod(int(wdiff.nan_to_num(float("inf")).argmax()), wdiff.shape[1])
-        row = int(rows[i])
+        row = int((~bad_rows).nonzero().flatten()[int(wdiff.argmax()) // wdiff.shape[1]])
         ev["route_txt"] = (f"route_w row {row}: expected {ref.weights[row].tolist()} got "
-                           f"{r.chosen_weights(s)[row].tolist()}; {w_wrong} weights off by > {ROUTE_W_ATOL:g}")
+                           f"{w_got[row].tolist()}; {w_wrong} weights off by > {ROUTE_W_ATOL:g}")
     return ev
 
 
