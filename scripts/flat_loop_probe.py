@@ -28,8 +28,10 @@ claim) and no CTA barrier in the body, which the kernel's release of a partial u
 
 The thirty-fifth session (2026-12-04): Triton flattens and pipelines `fused` three steps ahead
 when its barrier is inline PTX (the pipeliner sees no gpu.barrier; a scalar atomic's broadcast
-gets its barrier only when lowered, after pipelining), and not at all with tl.debug_barrier:
-the kernel's FL (items._s2_fl_item). Usage: python scripts/flat_loop_probe.py
+gets its barrier only when lowered, after pipelining), and not at all with tl.debug_barrier.
+The kernel's FL took that form (a7867f2, items._s2_fl_item) and was measured 2.7-4.8% slower at
+TP1's 3-16 tokens (dev round 116) and 2.2-4.7% in the TP2 proxy (device round 91), then removed.
+Usage: python scripts/flat_loop_probe.py
 """
 from __future__ import annotations
 

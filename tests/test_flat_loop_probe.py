@@ -1,7 +1,8 @@
 """scripts/flat_loop_probe.py (sm_90, offline): what one pipelined loop over a CTA's items needs
 from Triton 3.6: a data edge from an item's counter wait to its act's address (or the wait orders
 nothing), items fixed by the step index (a carried item id loads nothing ahead) and no CTA
-barrier in the body (then nothing is pipelined), which a barrier as inline PTX is not (FL)."""
+barrier in the body (then nothing is pipelined), which a barrier as inline PTX is not (the removed
+FL, a7867f2)."""
 import importlib.util
 from pathlib import Path
 

@@ -63,80 +63,6 @@ def test_local_and_none_modes_compile():
         assert r["resident"]
 
 
-@pytest.mark.parametrize("tokens", [1, 4])
-def test_next_item_prefetch_keeps_the_pipeline(tokens, monkeypatch):
-    """PN (PN1): the next item's first K steps asked of the L2 inside a stage-2 (stage-1) item's K
-    loop. Off (the default), no prefetch is built; on, a bulk prefetch a row of the item's tile
-    in warp 0's lanes (stage 2: BH rows of w2; stage 1: BN of w1 and BN of w3), and the loops keep
-    every pipelined copy (no CTA barrier was added to the body). At 4 tokens (DQ) the ticket reaches
-    warp 0's lanes by a shuffle of _claim's [128] tensor, which only works if that tensor has a lane
-    a thread. CDNA and the interpreter build them off; 9 is refused, named."""
-    import re
-    from ffnq.backends.triton import geometry as G
-    key = offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, tokens)
-    g = G.geometry(key)
-    built = {}
-    for tune in ("", "PN=3", "PN1=2"):
-        monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
-        ck = offline.compile_key(key, "sm_90")
-        built[tune] = ck.asm["ttgir"], ck.asm["ptx"], offline.nv_resources(ck)
-    copies = built[""][0].count("async_copy_global_to_local")
-    assert "cp.async.bulk.prefetch" not in built[""][1] and copies > 0
-    # PN1's loop asks for the next item of either stage: 2 BN rows of w1 and w3, or BH of w2
-    for tune, rows in (("PN=3", g["BH"]), ("PN1=2", 2 * g["BN"] + g["BH"])):
-        ttgir, ptx, res = built[tune]
-        assert ptx.count("cp.async.bulk.prefetch.L2") == rows // 32, tune
-        assert ttgir.count("async_copy_global_to_local") == copies, tune
-        assert res["spills"] == 0 and res["regs"] <= 255, (tune, res)
-        shfl = [ln for ln in ttgir.splitlines() if "shfl.sync.idx.b32 $0, $1, 0" in ln]
-        assert len(shfl) == (1 if g["DQ"] else 0), tune
-        for ln in shfl:
-            enc = re.search(r"tensor<128xi32, (#\w+)>", ln).group(1)
-            assert re.search(rf"^{enc} = #ttg.blocked<{{sizePerThread = \[1\], threadsPerWarp = \[32\], "
-                             rf"warpsPerCTA = \[4\]", ttgir, re.M), (tune, enc)
-    for k in ("PN", "PN1"):
-        monkeypatch.setenv("FFNQ_TRITON_TUNE", f"{k}=3")
-        assert offline.constexprs_for(key, True)[k] == 0 and offline.constexprs_for(key, False, interp=True)[k] == 0
-        monkeypatch.setenv("FFNQ_TRITON_TUNE", f"{k}=9")
-        with pytest.raises(ValueError, match=rf"{k}=9: allowed 0 \(off\) to 8"):
-            G.geometry(key)
-
-
-def test_one_loop_over_the_stage_two_items(monkeypatch):
-    """FL: a CTA's stage-2 items as one loop, which Triton flattens with their K loops and
-    pipelines across items. The stage's last loop then holds the items' headers (the acquire
-    read of the wait) beside its pipelined copies, with no gpu.barrier (which would stop the
-    pipelining; FL's barriers are inline PTX); the per-item build's last loop is a K loop alone.
-    Its stage 2 takes every BLOCKS-th item (with DQ only stage 1 takes tickets); HP keeps only
-    its stage-1 half; FL refuses PN, named; CDNA builds it off."""
-    from ffnq.backends.triton import geometry as G
-    key = offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, 9)
-
-    def last_loop(tune):
-        monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
-        ck = offline.compile_key(key, "sm_90")
-        g = ck.asm["ttgir"]
-        loop = g[g.rindex("scf.for"):]
-        return loop[:loop.index("ttg.async_wait {num = 0")], offline.nv_resources(ck)
-
-    per_item, _ = last_loop("DQ=0,HP=0")
-    for tune in ("DQ=0,HP=0,FL=1", "FL=1", "FL=1,PN1=2"):  # (nine tokens: DQ = 1, HP = 3 in the table)
-        one, res = last_loop(tune)
-        assert "tt.atomic_rmw add, acquire" in one and one.count("async_copy_global_to_local") >= 4, tune
-        assert "gpu.barrier" not in one and "bar.sync 0" in one, tune
-        assert res["spills"] == 0 and res["regs"] <= 255, (tune, res)
-    assert "tt.atomic_rmw add, acquire" not in per_item and "async_copy_global_to_local" in per_item
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=1")
-    assert offline.constexprs_for(key, True)["FL"] == 0 and offline.constexprs_for(key, False)["FL"] == 1
-    assert G.geometry(key)["HP"] == 2  # the table's HP = 3 less its stage-2 half
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=1,PN=2")
-    with pytest.raises(ValueError, match=r"FL=1 \(width 9\): needs PN=0 and the fp8 act .* PN=2, A8=2"):
-        G.geometry(key)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FL=2")
-    with pytest.raises(ValueError, match=r"FL=2: allowed 0 \(a loop per item\) or 1"):
-        G.geometry(key)
-
-
 def test_fp32_dots_at_tf32_are_counted():
     """An fp32 tt.dot at tf32 precision is counted, and a build holding one is refused, named
     (offline rows and TritonRunner.warm); the f16 dots Triton also tags tf32 are not counted."""
@@ -367,8 +293,7 @@ def _claims_and_items(r, S: int) -> tuple[int, list]:
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "A8T=4", "DQ=1",
-                                  "HP=3", "HP=3,A8=0,DQ=1", "FL=1", "FL=1,KH=2,A8=1,HP=2",
-                                  "FL=1,DQ=1"])
+                                  "HP=3", "HP=3,A8=0,DQ=1"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
@@ -379,9 +304,7 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), on
     four act terms (A8T=4), with a CTA's items after its first from one counter (DQ=1,
     TP1's 4-16 tokens), and with each stage-2 item's header read at the end of the item before
-    (HP=3: both stages), on the fp8 act and on the fp16 one, and with stage 2's items as one
-    loop's body (FL=1, the interpreter's loop over them; with halves of I_R in steps of one tile
-    and stage 1's headers early; with stage 1's items from the counter, stage 2's every BLOCKS-th)."""
+    (HP=3: both stages), on the fp8 act and on the fp16 one."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -432,7 +355,7 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["DQ=1,KS=2", "DQ=1,KS=2,HP=3", "DQ=1,KS=2,FL=1"])
+@pytest.mark.parametrize("tune", ["DQ=1,KS=2", "DQ=1,KS=2,HP=3"])
 def test_interpreter_items_taken_from_counters(tune, monkeypatch):
     """DQ=1 (TP1's 4-16 tokens, configs/triton-measured.toml): after its first item a CTA takes
     the next ticket of one counter for both stages, not every BLOCKS-th item; its first stage-2
@@ -440,8 +363,7 @@ def test_interpreter_items_taken_from_counters(tune, monkeypatch):
     launch here). The interpreter runs CTAs one after another, so on a grid of 7 CTA 0 takes
     every ticket after the first round: each item must still run exactly once (the counter ends
     at the items' count) and the step match the reference, split K's fix-up included; also
-    with each item's successor and header taken at the end of the item before (HP=3), and with
-    stage 2 as one loop (FL=1: its items every BLOCKS-th, so only stage 1's are claimed)."""
+    with each item's successor and header taken at the end of the item before (HP=3)."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
@@ -454,7 +376,7 @@ def test_interpreter_items_taken_from_counters(tune, monkeypatch):
     assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7 and g["HP"] == (3 if "HP" in tune else 0)
     q, (n1, n2) = _claims_and_items(r, S)
     assert n1 > 7 and n2 > 7  # more items than CTAs: the counter is in use
-    assert q == n1 + (0 if "FL" in tune else n2)  # one claim per item run: every item once
+    assert q == n1 + n2  # one claim per item run: every item once
     _assert_step_matches(r, out, ref, slots)
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
 
@@ -626,8 +548,7 @@ def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
                                           (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1"), (Experts.ALL, "PLR=4"),
                                           (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=1"), (Experts.ALL, "DQ=1,HP=3"),
-                                          (Experts.ALL, "SPS=2"), (Experts.LOCAL, "SPS=2"),
-                                          (Experts.LOCAL, "FL=1,SPS=2"), (Experts.ALL, "FL=1,DQ=1")])
+                                          (Experts.ALL, "SPS=2"), (Experts.LOCAL, "SPS=2")])
 def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
@@ -635,8 +556,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     over the live rows (PLR=4); LOCAL and ALL with the items from one counter on a grid of 7, so
     that most items are taken from it (DQ=1: on at TP1's 4-16 tokens, not yet at TP2); ALL and
     LOCAL with the sum of each row's own slots (SPS=2: on at TP1, not yet at TP2; LOCAL's rows
-    have route entries of other ranks' experts, which have no slot here); with stage 2 as one
-    loop over a CTA's items (FL=1), LOCAL's and (stage 1 from the counter) ALL's."""
+    have route entries of other ranks' experts, which have no slot here)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -673,7 +593,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
             if "DQ" in tune:  # every item once, most from the counter
                 q, (n1, n2) = _claims_and_items(rs[k], S)
                 assert n1 > 7 and n2 > 7
-                assert q == n1 + (0 if "FL" in tune else n2)  # (FL: stage 2's items every BLOCKS-th)
+                assert q == n1 + n2
     finally:
         for b in bufs:
             symm.BUFFERS.pop(b.data_ptr(), None)

@@ -66,7 +66,7 @@ def _allowed(key: str, value: int, allowed, meaning: str) -> int:
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for;
 # R: the width's register cap on NVIDIA, launch_options)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "FL", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "PN", "PN1", "R",
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "R",
                            "RPG", "RTOP", "SPS", "SQ", "X8T"})
 
 
@@ -283,36 +283,21 @@ def geometry(key) -> dict:
     # round 105: 1.2-1.4 us slower at 1-2 tokens); BSP, the grid barriers released through 16 flag
     # words (one count polled by every CTA's atomic was thought to queue), and BLD, their polls as one
     # lane's load (04d1cf9; dev round 106: barrier 1 from the last arrival to the last CTA out 1.5-2.3
-    # us against 1.3, the step 0.2-2.7 us slower at 1-16 tokens)
+    # us against 1.3, the step 0.2-2.7 us slower at 1-16 tokens); PN / PN1, the next item's first K
+    # steps asked of the L2 (bulk prefetches) where the stage-2 / stage-1 item's loop issues its
+    # last load, and FL, stage 2 as one loop over a CTA's items that Triton flattens and pipelines
+    # across items (a7867f2; dev rounds 115-116, TP1's x_floor side by side twice against the
+    # default's: PN=3 0.1-8.4% higher at every width, PN1=3 1.0-6.5%, FL 2.7-4.8% at 3-16 tokens
+    # and within 1% at 1-2; the TP2 proxy, device round 91: FL 2.2-4.7% slower at 4-16 tokens)
     # HP: an item's header (its expert; at stage 2 also its tiles' count and its rows) read at the
     # end of the item before, behind that item's epilogue, not at its own start: bit 1 stage 2,
     # bit 2 stage 1 (there with the route weights its epilogue needs read before its loop)
     hp = _allowed("HP", tune.get("HP", 0), (0, 1, 2, 3), "0 (off), 1 (stage 2), 2 (stage 1) or 3 (both)")
-    # PN: at stage 2, the next item's first PN K steps (its w2 rows' first PN x 128 bytes) asked of
-    # the L2 where the item's K loop issues its last load, so the next item's pipeline fills from
-    # the L2 while this one drains (HP's headers gained 0-0.4%: the items' cost is that fill and
-    # drain, notes/triton-kernel.md "Thirty-fourth session"). NVIDIA only (a bulk prefetch)
-    pn = _allowed("PN", tune.get("PN", 0), range(9), "0 (off) to 8 (K steps of the next stage-2 item)")
-    # PN1: the same in stage 1's loop (its items have twice the K steps of stage 2's at TP1), for
-    # the next item of either stage: a CTA's last stage-1 item asks for its first stage-2 item's
-    # rows, whose bytes need no stage-1 tile (at 1-3 tokens, one item a CTA a stage, only that)
-    pn1 = _allowed("PN1", tune.get("PN1", 0), range(9), "0 (off) to 8 (K steps of the next item, from stage 1)")
-    # FL: stage 2 as one loop over a CTA's items (every BLOCKS-th) and their K steps, which Triton
-    # 3.6 flattens and pipelines across items (_s2_fl_item): the next item's first loads in flight
-    # during this one's last steps. PN's aim without a prefetch, at the cost of DQ's counter at
-    # stage 2 (an item taken from a counter is not known when its loads would be issued ahead;
-    # with DQ stage 1 keeps the counter). HP's stage-2 half has no place in that loop (the pipeline
-    # reads each item's header steps ahead): FL clears it and keeps HP's stage-1 half
-    fl = _allowed("FL", tune.get("FL", 0), (0, 1), "0 (a loop per item) or 1 (one loop over the items)")
-    if fl and (pn or not a8):
-        raise ValueError(f"FFNQ_TRITON_TUNE FL=1 (width {key.tokens}): needs PN=0 and the fp8 act (A8 1 or 2); "
-                         f"this build has PN={pn}, A8={a8}")
-    hp = hp & 2 if fl else hp
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
                  SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
-                 A8T=a8t, DQ=dq, HP=hp, PN=pn if i_r else 0, PN1=pn1 if i_r else 0, FL=fl,
+                 A8T=a8t, DQ=dq, HP=hp,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
                  EW=bool(tune.get("EW", int(key.tp == 1))))
     nsl, nht = max(1, nslot), H // bh
@@ -397,12 +382,10 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
         g["F8"], g["A8"] = False, 0
         g["SQ"] = max(g["SQ"], 8)  # two fp16 x terms: N = 2 x SQ >= 16
-    if is_hip or interp:  # griddepcontrol, the fence and the bulk prefetch are sm_90 PTX
+    if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
-        g["PN"] = g["PN1"] = 0
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
         g["LL"] = False
-        g["FL"] = 0  # (its barriers as sm_90 PTX; and CDNA keeps the fp16 act)
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, P_SEAM_LL=peer["seam_ll"].offset, P_MOE_LL=peer["moe_ll"].offset,
              NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),

@@ -82,7 +82,7 @@ from ffnq.backends.triton.sync import (F_EPOCH, F_VALID, PH_HANDSHAKE, PH_REDUCE
     _wait_peers, _wait_prefix, now_ns, now_u)
 from ffnq.backends.triton.tiles import (_fp8, _fr_rows, _fr_weights, _mma_sc, _post_norm_all, _store_route, _store_x,
     _topk, _xsig, _xsig_of)
-from ffnq.backends.triton.items import _claim, _next_item, _pn_next, _pn_w13, _pn_w2, _s2_fl_item, _s2_header
+from ffnq.backends.triton.items import _claim, _next_item, _s2_header
 
 
 @triton.jit(do_not_specialize=["rank", "first_expert"])
@@ -112,7 +112,7 @@ def ffn_kernel(
     A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, HP: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr, PN: tl.constexpr, PN1: tl.constexpr, FL: tl.constexpr,
+    SC_INV: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -455,18 +455,6 @@ def ffn_kernel(
             xo2 = (c2 // SQ * S + c2 % SQ)[None, :] * H + kc2[:, None]  # term 0 rows, then term 1 ...
             xm2 = ((c2 % SQ) < S)[None, :]
             go = nn[:, None] * SP + rq[None, :]
-            # (PN1) as PN at stage 2: the next item's first PN1 K steps asked of the L2 where this
-            # item's loop issues its last load, its expert read two steps before; a CTA's last
-            # stage-1 item asks for its first stage-2 item's (at 1-3 tokens each CTA's only one)
-            lane = tl.arange(0, 128)
-            P1S: tl.constexpr = KSTEP // BK
-            P1B: tl.constexpr = P1S - NS if P1S > NS else 0
-            P1A: tl.constexpr = P1B - 2 if P1B > 2 else 0
-            P1N: tl.constexpr = PN1 * BK if PN1 * BK < KSTEP else KSTEP
-            P1N2: tl.constexpr = PN1 * 128 if PN1 * 128 < I_R // KH else I_R // KH
-            f2 = pid
-            if pid < n_items:  # (FL) this CTA's first stage-2 item, every BLOCKS-th from its own
-                f2 += ((n_items - pid + BLOCKS - 1) // BLOCKS) * BLOCKS
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             if HP & 2:  # the first item's expert; each next one's is read at the end of the item before
                 hej = tl.load(ecta + w // (KS * NT), mask=w < n_items, other=0)
@@ -492,18 +480,7 @@ def ffn_kernel(
                 # terms; fp16: hi, lo), one MMA per weight tile and K step; the terms summed at the end
                 acc_g = tl.zeros((BN, NX * SQ), tl.float32)
                 acc_u = tl.zeros((BN, NX * SQ), tl.float32)
-                pwn = lane * 0
-                pej = lane * 0 - 1
                 for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
-                    if PN1:
-                        if k0 == P1A * BK:
-                            pwn, pej = _pn_next(nxt, w, n_items, n_items + n_active * (NHT * KH), ecta, lane, f2,
-                                                BLOCKS, DQ, KS * NT, NHT * KH, FL)
-                        if k0 == P1B * BK:  # a stage-1 item's rows, or (the CTA's last) a stage-2 item's
-                            _pn_w13(w13, pwn, tl.where(pwn < n_items, pej, -1), lane, first_expert, MODE, H, I_R, BN,
-                                    NT, KS, KSTEP, P1N)
-                            _pn_w2(w2, pwn, tl.where(pwn < n_items, -1, pej), lane, n_items, first_expert, MODE, H, I_R,
-                                   BH, NHT, KH, P1N2)
                     xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
                     wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
                     wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
@@ -572,7 +549,6 @@ def ffn_kernel(
             ypart = _as(scratch, SC_YPART, tl.float32)
             ki = tl.arange(0, 128)
             hh = tl.arange(0, BH)
-            lane = tl.arange(0, 128)  # (PN) a lane a thread, as _claim's ticket
             if A8:
                 # SQ2 token columns per term: the tokens' own count (at least 4), not stage 1's SQ
                 # (16 below 7 tokens); A8T x SQ2 < 16 compiles to fp16 mma.sync (see geometry, SQ2)
@@ -581,11 +557,10 @@ def ffn_kernel(
                 c8 = tl.arange(0, A8T * SQ2)
                 tw8 = tl.exp2((c8 // SQ2) * -4.0)  # term t counts 16^-t
             _stamp(sub_row, 4, IS_HIP, INTERP, TIMELINE)
-            if DQ & (FL == 0):
+            if DQ:
                 # one queue for both stages: the item stage 1's last claim took (or pid), so the
                 # CTAs free first take the first experts' stage-2 items, whose tiles are done first
-                # (the fused launch, STAGE 0: w, where stage 1's loop left it). FL: stage 2 keeps
-                # the static schedule below (a ticket stage 1 claimed past its items goes unused)
+                # (the fused launch, STAGE 0: w, where stage 1's loop left it)
                 if STAGE == 4:
                     w = tl.load(meta + BLOCKS + pid)
             else:
@@ -606,117 +581,84 @@ def ffn_kernel(
             if HP & 1:  # the first item's header; each next one's is read at the end of the item before
                 hej, hv, hym = _s2_header(w, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32) + yrow, yrm,
                                           SP, NHT, KH, SPS)
-            if FL:  # (FL) the CTA's items, every BLOCKS-th, as one pipelined loop (_s2_fl_item)
-                if INTERP:  # (the interpreter cannot range() from the program id)
-                    while w < wend:
-                        _s2_fl_item(w, w0, n1, ecta, sync, scratch, w2, s2, ypart, first_expert, fault, e, rank,
-                                    timeout_ns, pid, sub_row, hh, kn, c8, tw8, yrow, yrm, MODE, S, H, I_R, BH, BN, NT,
-                                    NHT, KH, SP, A8, A8T, SQ2, NS2, SPS, PS, PSO, NSL, SC_WTAB, SC_ACT8, SC_ASC, SACC,
-                                    TIMELINE, IS_HIP, INTERP, CHK, False)
-                        w += BLOCKS
+            # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
+            # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
+            while w < wend:
+                j = (w - n1) // (NHT * KH)
+                t = (w - n1) % (NHT * KH) // KH
+                kh = (w - n1) % KH
+                kq = kh * (I_R // KH)
+                if HP & 1:
+                    ej = hej
                 else:
-                    for wf in tl.range(w, wend, BLOCKS, flatten=True):
-                        _s2_fl_item(wf, w0, n1, ecta, sync, scratch, w2, s2, ypart, first_expert, fault, e, rank,
-                                    timeout_ns, pid, sub_row, hh, kn, c8, tw8, yrow, yrm, MODE, S, H, I_R, BH, BN, NT,
-                                    NHT, KH, SP, A8, A8T, SQ2, NS2, SPS, PS, PSO, NSL, SC_WTAB, SC_ACT8, SC_ASC, SACC,
-                                    TIMELINE, IS_HIP, INTERP, CHK, True)
-            else:
-                # KH > 1: each (j, tile) item in KH parts of I_R (the last experts' items are the tail of
-                # the phase at one token; a part is 1/KH of the bytes), partials summed in phase E
-                while w < wend:
-                    j = (w - n1) // (NHT * KH)
-                    t = (w - n1) % (NHT * KH) // KH
-                    kh = (w - n1) % KH
-                    kq = kh * (I_R // KH)
-                    if HP & 1:
-                        ej = hej
-                    else:
-                        ej = tl.load(ecta + j)
-                    le = ej.to(tl.int64)
-                    if MODE == 1:
-                        le = (ej - first_expert).to(tl.int64)
-                    wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
-                    sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
-                    if HP & 1:
-                        ym = hym
-                    else:
-                        ym = yrm
-                        if SPS == 2:
-                            ym &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + yrow, mask=ym, other=0.0) != 0.0
-                    if HP & 1:
-                        _spin_count(sync + j, hv, 0, NT, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
-                        tl.debug_barrier()
-                    else:
-                        _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
-                    # claimed once the item's tiles are in: a CTA waiting for them (one with no
-                    # stage-1 item waits from the router on) holds no next item meanwhile
-                    nxt = _claim(sync + QOFF, DQ)
-                    if A8:
-                        a8 = (_as(scratch, SC_ACT8, tl.float8e4nv)
-                              + ((j * A8T + c8 // SQ2) * SP + c8 % SQ2)[None, :].to(tl.int64) * I_R + kn[:, None])
-                        asc = _as(scratch, SC_ASC, tl.float32) + j * NT
-                    if TIMELINE:
-                        if w == w0:
-                            _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
-                    # A8 = 2 and fp16: steps of 128 (A8: two stage-1 tiles, an MMA each); A8 = 1: one tile
-                    A8K: tl.constexpr = BN if A8 == 1 else 128
-                    # (PN) the next item's first PN steps asked of the L2 at the step where this loop's
-                    # pipeline issues its last load (NS2 - 1 steps ahead), its expert read two steps before
-                    PNS: tl.constexpr = (I_R // KH) // A8K
-                    PNB: tl.constexpr = PNS - NS2 if PNS > NS2 else 0
-                    PNA: tl.constexpr = PNB - 2 if PNB > 2 else 0
-                    PNN: tl.constexpr = PN * A8K if PN * A8K < I_R // KH else I_R // KH
-                    pwn = lane * 0
-                    pej = lane * 0 - 1
-                    if A8:
-                        # fp8 x fp8 as stage 1: [BH, BN] w2 codes @ [BN, 4 x SQ2] act terms per stage-1 tile,
-                        # each product times w2's block scale x the tile's act scale
-                        yt8 = tl.zeros((BH, A8T * SQ2), tl.float32)
-                        for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
-                            if PN:
-                                if k0 == PNA * A8K:
-                                    pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, 0, BLOCKS, DQ, 1, NHT * KH, False)
-                                if k0 == PNB * A8K:
-                                    _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
-                            for q in tl.static_range(A8K // BN):
-                                kk = kq + k0 + q * BN
-                                av = tl.load(a8 + kk, cache_modifier=".cg")
-                                wq = tl.load(wbase + kk + kn[None, :])
-                                sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
-                                yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
-                        yv = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
-                    else:
-                        yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
-                        for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
-                            if PN:
-                                if k0 == PNA * A8K:
-                                    pwn, pej = _pn_next(nxt, w, n1, wend, ecta, lane, 0, BLOCKS, DQ, 1, NHT * KH, False)
-                                if k0 == PNB * A8K:
-                                    _pn_w2(w2, pwn, pej, lane, n1, first_expert, MODE, H, I_R, BH, NHT, KH, PNN)
-                            a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
-                                        mask=rmask[None, :], other=0.0, cache_modifier=".cg")
-                            wq = tl.load(wbase + kq + k0 + ki[None, :])
-                            yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
-                        yv = yt * (1.0 / SHIFT)
-                    if HP & 1:  # the successor and its header now, their round trips behind this store and release
-                        wn = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
-                        hej, hv, hym = _s2_header(wn, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32) + yrow, yrm,
-                                                  SP, NHT, KH, SPS)
-                    # [BH columns of H, the rows' columns yrow]
-                    tl.store(ypart + ((j * KH + kh) * S + yrow[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yv,
-                             mask=ym[None, :])
+                    ej = tl.load(ecta + j)
+                le = ej.to(tl.int64)
+                if MODE == 1:
+                    le = (ej - first_expert).to(tl.int64)
+                wbase = w2 + le * (H * I_R) + (t * BH + hh)[:, None] * I_R
+                sbase = s2 + le * ((H // 128) * (I_R // 128)) + ((t * BH) // 128) * (I_R // 128)
+                if HP & 1:
+                    ym = hym
+                else:
+                    ym = yrm
+                    if SPS == 2:
+                        ym &= tl.load(_as(scratch, SC_WTAB, tl.float32) + ej * SP + yrow, mask=ym, other=0.0) != 0.0
+                if HP & 1:
+                    _spin_count(sync + j, hv, 0, NT, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
                     tl.debug_barrier()
-                    if PS:  # per (slot, tile): phase E sums a tile's slots as they finish, in slot order
-                        tl.atomic_add(sync + PSO + j * NHT + t, 1, sem="release", scope="gpu")
-                    else:
-                        tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
-                    if TIMELINE:
-                        if w == w0:
-                            _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
-                    if HP & 1:
-                        w = wn
-                    else:
-                        w = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
+                else:
+                    _wait_count(sync + j, NT, fault, e, rank, timeout_ns, pid, IS_HIP, INTERP, CHK)
+                # claimed once the item's tiles are in: a CTA waiting for them (one with no
+                # stage-1 item waits from the router on) holds no next item meanwhile
+                nxt = _claim(sync + QOFF, DQ)
+                if A8:
+                    a8 = (_as(scratch, SC_ACT8, tl.float8e4nv)
+                          + ((j * A8T + c8 // SQ2) * SP + c8 % SQ2)[None, :].to(tl.int64) * I_R + kn[:, None])
+                    asc = _as(scratch, SC_ASC, tl.float32) + j * NT
+                if TIMELINE:
+                    if w == w0:
+                        _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
+                if A8:
+                    # fp8 x fp8 as stage 1: [BH, BN] w2 codes @ [BN, 4 x SQ2] act terms per stage-1 tile,
+                    # each product times w2's block scale x the tile's act scale
+                    yt8 = tl.zeros((BH, A8T * SQ2), tl.float32)
+                    # A8 = 2: steps of 128 (two stage-1 tiles, an MMA each); A8 = 1: steps of one tile
+                    A8K: tl.constexpr = BN if A8 == 1 else 128
+                    for k0 in tl.range(0, I_R // KH, A8K, num_stages=NS2):
+                        for q in tl.static_range(A8K // BN):
+                            kk = kq + k0 + q * BN
+                            av = tl.load(a8 + kk, cache_modifier=".cg")
+                            wq = tl.load(wbase + kk + kn[None, :])
+                            sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // BN, cache_modifier=".cg")
+                            yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SACC)
+                    yv = tl.sum(tl.reshape(yt8 * tw8[None, :], (BH, A8T, SQ2)), axis=1)  # [BH, SQ2]
+                else:
+                    yt = tl.zeros((BH, SP), tl.float32)  # transposed: [H columns, tokens]
+                    for k0 in tl.range(0, I_R // KH, 128, num_stages=NS2):
+                        a = tl.load(act + (j * SP + rows[None, :]).to(tl.int64) * I_R + kq + k0 + ki[:, None],
+                                    mask=rmask[None, :], other=0.0, cache_modifier=".cg")
+                        wq = tl.load(wbase + kq + k0 + ki[None, :])
+                        yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SHIFT, a, yt, INTERP, IS_HIP, SACC)
+                    yv = yt * (1.0 / SHIFT)
+                if HP & 1:  # the successor and its header now, their round trips behind this store and release
+                    wn = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
+                    hej, hv, hym = _s2_header(wn, wend, n1, ecta, sync, _as(scratch, SC_WTAB, tl.float32) + yrow, yrm,
+                                              SP, NHT, KH, SPS)
+                # [BH columns of H, the rows' columns yrow]
+                tl.store(ypart + ((j * KH + kh) * S + yrow[None, :]).to(tl.int64) * H + t * BH + hh[:, None], yv,
+                         mask=ym[None, :])
+                tl.debug_barrier()
+                if PS:  # per (slot, tile): phase E sums a tile's slots as they finish, in slot order
+                    tl.atomic_add(sync + PSO + j * NHT + t, 1, sem="release", scope="gpu")
+                else:
+                    tl.atomic_add(sync + NSL + t, 1, sem="release", scope="gpu")  # one more slot of tile t done
+                if TIMELINE:
+                    if w == w0:
+                        _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
+                if HP & 1:
+                    w = wn
+                else:
+                    w = _next_item(w, nxt, BLOCKS, DQ)  # stage-2 items are numbered from n1
             _stamp(sub_row, 5, IS_HIP, INTERP, TIMELINE)
     # no grid barrier: the sum of a chunk waits for its own H tiles only
 

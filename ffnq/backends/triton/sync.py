@@ -110,7 +110,7 @@ def _rank_faulted(fault, e):
 
 @triton.jit
 def _record_fault(fault, peers, e, phase, rank, mask, waited, pid, at, P_FBOX: tl.constexpr, TP: tl.constexpr,
-                  WRITE_BOX: tl.constexpr, ASM: tl.constexpr = False):
+                  WRITE_BOX: tl.constexpr):
     """First fault of this launch on this rank: the scratch record, then (timeouts) this rank's
     note in every peer's fault_box, all before any -e flag is published (release orders them)."""
     e64 = e.to(tl.int64)
@@ -130,18 +130,8 @@ def _record_fault(fault, peers, e, phase, rank, mask, waited, pid, at, P_FBOX: t
                 tl.store(box + 1, z + mask)
                 tl.store(box + 2, z + phase)
                 tl.store(box + 3, z + waited)
-        _cta_sync(ASM)
-        tl.atomic_xchg(fault + F_VALID, 1, sem="release", scope="sys")
-
-
-@triton.jit
-def _cta_sync(ASM: tl.constexpr):
-    """A CTA barrier. ASM (FL's loop only): as inline PTX, which Triton's pipeliner does not see;
-    a gpu.barrier in a loop body stops that loop's software pipelining (scripts/flat_loop_probe.py)."""
-    if ASM:
-        tl.inline_asm_elementwise("bar.sync 0;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-    else:
         tl.debug_barrier()
+        tl.atomic_xchg(fault + F_VALID, 1, sem="release", scope="sys")
 
 
 @triton.jit
@@ -342,12 +332,11 @@ def _grid_barrier(words, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, B
 
 @triton.jit
 def _wait_count(ptr, target, fault, e, rank, timeout_ns, pid, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
-                CHK: tl.constexpr, ASM: tl.constexpr = False):
-    """Wait until the GPU-local counter *ptr reaches target; its last value read."""
+                CHK: tl.constexpr):
+    """Wait until the GPU-local counter *ptr reaches target."""
     v = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    v = _spin_count(ptr, v, 0, target, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK, ASM)
-    _cta_sync(ASM)
-    return v
+    _spin_count(ptr, v, 0, target, fault, e, rank, timeout_ns, pid, PH_REDUCE, IS_HIP, INTERP, CHK)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -363,10 +352,10 @@ def _count_deadline(timeout_ns, IS_HIP: tl.constexpr, INTERP: tl.constexpr):
 
 @triton.jit
 def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.constexpr, IS_HIP: tl.constexpr,
-                INTERP: tl.constexpr, CHK: tl.constexpr, ASM: tl.constexpr = False):
+                INTERP: tl.constexpr, CHK: tl.constexpr):
     """Spin until the GPU-local counter *ptr has grown by ``need`` from ``base`` (v: its last value
-    read, returned updated). The count is work of other CTAs of this launch and always arrives, so
-    the bound, 4x timeout, is a last resort that records a fault; the clock is read every CHK polls."""
+    read). The count is work of other CTAs of this launch and always arrives, so the bound, 4x
+    timeout, is a last resort that records a fault; the clock is read every CHK polls."""
     if v - base < need:
         t0, deadline = _count_deadline(timeout_ns, IS_HIP, INTERP)
         t = t0
@@ -378,8 +367,7 @@ def _spin_count(ptr, v, base, need, fault, e, rank, timeout_ns, pid, PHASE: tl.c
             if n % CHK == 0:
                 t = now_u(IS_HIP, INTERP)
         if v - base < need:
-            _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False, ASM)
-    return v
+            _record_fault(fault, fault, e, PHASE, rank, 0, t - t0, pid, t, 0, 1, False)
 
 
 @triton.jit

@@ -15,8 +15,8 @@ ENV = "FFNQ_TRITON_TUNE"
 # every key geometry.geometry, geometry.constexprs, geometry.launch_options, geometry.max_scale and
 # runner.blocks_for read (tests/test_triton_tune.py checks the source's reads against it)
 KEYS = frozenset({
-    "A8", "A8T", "BH", "BN", "CHK", "COOP", "CPS", "DQ", "EW", "F8", "FENCE", "FL", "FR", "FW", "HP", "JB", "KH", "KS",
-    "KSFIX", "LL", "NS", "NS2", "NSS", "PDL", "PLR", "PN", "PN1", "PRE", "PS", "R", "RPG", "RTOP", "SACC", "SOLO", "SORT", "SPS",
+    "A8", "A8T", "BH", "BN", "CHK", "COOP", "CPS", "DQ", "EW", "F8", "FENCE", "FR", "FW", "HP", "JB", "KH", "KS",
+    "KSFIX", "LL", "NS", "NS2", "NSS", "PDL", "PLR", "PRE", "PS", "R", "RPG", "RTOP", "SACC", "SOLO", "SORT", "SPS",
     "SQ", "SQ2", "X8T",
 })
 # G<w>: width w's grid; R<w>: its register cap (ptxas maxnreg; also R@w, or R at every width)
