@@ -39,6 +39,9 @@ Timeout = Annotated[float, typer.Option("--timeout", help="the kernel's bound on
 Seed = Annotated[Optional[int], typer.Option(help="seed of the synthetic weights and inputs; default: a fresh one "
                                              "each run, shown in the title and saved in the report",
                                              rich_help_panel=JOB)]
+BenchSeed = Annotated[int, typer.Option("--seed", help="seed of the synthetic weights and inputs, so of the routing "
+                                        "and the experts a step reads; fixed by default, so that two runs "
+                                        "(compare, gate) time one workload", rich_help_panel=JOB)]
 Deadline = Annotated[Optional[float], typer.Option("--deadline", help="the whole job's bound (seconds); "
                                                    "default: derived from the work", rich_help_panel=JOB)]
 Nnodes = Annotated[int, typer.Option(help="torchrun --nnodes (ranks per node = tp / nnodes)",
@@ -256,7 +259,7 @@ def qualify(
 @app.command()
 def bench(
     backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
-    experts: ExpertsOpt = "all", widths: Widths = "1,2,4,8,16", timeout: Timeout = 1.0, seed: Seed = None,
+    experts: ExpertsOpt = "all", widths: Widths = "1,2,4,8,16", timeout: Timeout = 1.0, seed: BenchSeed = 0,
     layers: Annotated[int, typer.Option(help="launches per step, final=True on the last", rich_help_panel=JOB)] = 1,
     rep_ms: Annotated[float, typer.Option("--rep-ms", help="timed budget per width and variant (ms)",
                                           rich_help_panel=JOB)] = 1000.0,

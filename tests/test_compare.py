@@ -48,6 +48,29 @@ def test_a_clock_row_says_when_the_sm_clocks_differ():
     assert counts(table) == "latency: 4 same, 2 slower; clock: 1 changed, 1 same"  # w=2: p50, p99
 
 
+def test_a_workload_row_says_when_the_steps_read_other_experts(monkeypatch):
+    """Runs of two seeds route to other experts (TP1 at 12 tokens: 54.8 against 60.2, the p50 9%
+    apart, dev round 116): compare says so per width, and the relative gate judges no p50 of a
+    width whose workload changed (SKIP, naming both counts), only those whose workload held."""
+    from ffnq import compare as cmp
+    from ffnq.gate import relative_checks
+
+    base = bench_table([100.0, 150.0], [101.0, 151.0]).assign(touched_experts=[8.0, 15.0])
+    new = bench_table([100.0, 165.0], [101.0, 166.0]).assign(touched_experts=[8.0, 16.5])
+    work = {r["key"]: r for r in latency_rows(base, new) if r["kind"] == "workload"}
+    assert work["w=1"]["verdict"] == "same" and work["w=2"]["verdict"] == "changed"
+    assert abs(work["w=2"]["delta_pct"] - 10.0) < 1e-9
+    assert counts(pd.DataFrame(latency_rows(base, new))) == "latency: 4 same, 2 slower; workload: 1 changed, 1 same"
+    assert not [r for r in latency_rows(base.drop(columns="touched_experts"), new) if r["kind"] == "workload"]
+    monkeypatch.setattr(cmp, "load", lambda p: {"job": "bench", "tables": {"results": {"b": base, "n": new}[p]}})
+    rows = {r["check"]: r for r in relative_checks("bench", "b", "n", {"max_slower_pct": 5})}
+    assert rows["vs base p50 w=1"]["result"] == "PASS" and rows["vs base p50 w=2"]["result"] == "SKIP"
+    assert "touched experts 15 -> 16.5: another seed" in rows["vs base p50 w=2"]["value"]
+    new.loc[1, "touched_experts"] = 15.0  # the same workload: +10% is judged, and fails
+    assert {r["check"]: r["result"] for r in relative_checks("bench", "b", "n", {"max_slower_pct": 5})} == {
+        "vs base p50 w=1": "PASS", "vs base p50 w=2": "FAIL"}
+
+
 def test_status_and_residency_changes():
     q = lambda st: pd.DataFrame({"case": ["correct", "inject-over r1"], "width": [4, 16], "status": st})  # noqa: E731
     rows = qualify_rows(q(["PASS", "PASS"]), q(["PASS", "FAIL"]))

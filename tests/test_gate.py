@@ -153,6 +153,20 @@ def test_gate_jobs_validated_as_their_verb(tmp_path):
         job_options(qo, q)
 
 
+def test_a_gate_bench_times_its_bases_workload_and_checks_draw_fresh_inputs(tmp_path):
+    """With no seed in the config, a bench job times seed 0's workload (the routing, so the experts
+    read: `ffnq bench`'s default, hence its base's), while qualify draws a fresh seed a run; a
+    seed the config names holds for both."""
+    f = tmp_path / "g.toml"
+    f.write_text("[options]\ntp = 1\n[[job]]\nverb = 'qualify'\n" + BENCH + P50)
+    (q, qo), (b, bo) = load_gate(f)["jobs"]
+    assert job_options(bo, b).seed == 0
+    assert len({job_options(qo, q).seed for _ in range(6)}) > 1
+    f.write_text("[options]\ntp = 1\nseed = 7\n[[job]]\nverb = 'qualify'\n" + BENCH + P50)
+    (q, qo), (b, bo) = load_gate(f)["jobs"]
+    assert job_options(bo, b).seed == job_options(qo, q).seed == 7
+
+
 def test_a_compare_base_without_its_job_is_refused(tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "results.json").write_text("{}")

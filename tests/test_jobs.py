@@ -146,6 +146,8 @@ def test_bench_tp2_layers(tmp_path):
     per_rank = pd.DataFrame(json.loads((rep / "results.json").read_text())["tables"]["per_rank"])
     assert set(per_rank["rank"]) == {0, 1} and set(per_rank.variant) == {"fused", "unfused", "stock-nccl"}
     assert (per_rank.layers == 2).all()
+    # no --seed: bench times seed 0's workload, so two runs (compare, gate) read the same experts
+    assert json.loads((rep / "results.json").read_text())["config"]["seed"] == 0
 
 
 def test_warm_tp2(tmp_path):
