@@ -23,6 +23,8 @@ PREFIX = "ffnq-"
 def init_from_env(backend: str = "gloo", timeout_s: float = 60.0) -> tuple[int, int]:
     """(rank, world) from torchrun's variables; a single process needs none of them."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if not 0 <= rank < world:  # a hand-set environment; torchrun's always holds
+        raise ValueError(f"RANK={rank} with WORLD_SIZE={world}: allowed 0..WORLD_SIZE-1 (WORLD_SIZE >= 1)")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return rank, world

@@ -4,6 +4,7 @@ mapped, leave no name behind, and sweep removes only the given tag's."""
 import os
 import secrets
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -24,6 +25,12 @@ def test_single_process_needs_no_group(monkeypatch):
     assert len(a) == 8 and set(a) <= set("0123456789abcdef") and a != b  # fresh per call without a launcher's tag
     monkeypatch.setenv("FFNQ_TAG", "launcher7")
     assert shared_tag() == "launcher7"
+    for rank, world in (("2", "2"), ("-1", "2"), ("0", "0")):  # set by hand, not by torchrun
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", world)
+        with pytest.raises(ValueError, match=rf"^RANK={rank} with WORLD_SIZE={world}: allowed 0..WORLD_SIZE-1"):
+            init_from_env()
+        assert not dist.is_initialized()
 
 
 def test_segments_map_and_leave_no_name(tmp_path):

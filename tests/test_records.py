@@ -63,8 +63,10 @@ def test_main_records_start_rows_and_done_or_the_error(tmp_path, monkeypatch):
     opts.write_text(json.dumps({"result_dir": str(tmp_path), "x": 7}))
     monkeypatch.setattr(sys, "argv", ["job", str(opts)])
     threads = torch.get_num_threads()
+    seen = []
     try:
-        records.main(lambda o, rec: rec.row("t", {"x": o["x"]}))
+        records.main(lambda o, rec: (rec.row("t", {"x": o["x"]}), seen.append(rec)))
+        assert seen[0].file.closed  # the rank's file, closed on the way out
         assert [g["kind"] for g in lines(tmp_path / "rank0.jsonl")] == ["start", "row", "done"]
         assert lines(tmp_path / "all.jsonl")[0]["data"] == {"x": 7}
 

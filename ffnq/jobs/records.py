@@ -41,6 +41,9 @@ class Records:
         self.rows.append(rec)
         self.file.write(json.dumps(rec, default=str) + "\n")
 
+    def close(self) -> None:
+        self.file.close()
+
     def gather(self) -> None:
         """Collective: rank 0 writes every rank's rows to all.jsonl."""
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -103,5 +106,6 @@ def main(body: Callable[[dict, Records], None]) -> None:
         rec.write("error", message=f"{type(e).__name__}: {msg}", trace=traceback.format_exc())
         raise
     finally:
+        rec.close()
         if dist.is_initialized():
             dist.destroy_process_group()
