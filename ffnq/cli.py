@@ -39,6 +39,9 @@ Timeout = Annotated[float, typer.Option("--timeout", help="the kernel's bound on
 Seed = Annotated[Optional[int], typer.Option(help="seed of the synthetic weights and inputs; default: a fresh one "
                                              "each run, shown in the title and saved in the report",
                                              rich_help_panel=JOB)]
+# a bench's seed when none is given (`ffnq bench`, a gate's bench job): one workload, so two runs
+# (compare, a gate's base) read the same experts; the checks (qualify, soak) draw a fresh one
+BENCH_SEED = 0
 BenchSeed = Annotated[int, typer.Option("--seed", help="seed of the synthetic weights and inputs, so of the routing "
                                         "and the experts a step reads; fixed by default, so that two runs "
                                         "(compare, gate) time one workload", rich_help_panel=JOB)]
@@ -259,7 +262,7 @@ def qualify(
 @app.command()
 def bench(
     backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
-    experts: ExpertsOpt = "all", widths: Widths = "1,2,4,8,16", timeout: Timeout = 1.0, seed: BenchSeed = 0,
+    experts: ExpertsOpt = "all", widths: Widths = "1,2,4,8,16", timeout: Timeout = 1.0, seed: BenchSeed = BENCH_SEED,
     layers: Annotated[int, typer.Option(help="launches per step, final=True on the last", rich_help_panel=JOB)] = 1,
     rep_ms: Annotated[float, typer.Option("--rep-ms", help="timed budget per width and variant (ms)",
                                           rich_help_panel=JOB)] = 1000.0,

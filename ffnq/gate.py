@@ -30,7 +30,6 @@ the gate's folder holds junit.xml, summary.md, results.csv/json (one row per che
 """
 from __future__ import annotations
 
-import math
 import tomllib
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
@@ -38,6 +37,7 @@ from xml.sax.saxutils import escape, quoteattr
 import pandas as pd
 
 from ffnq.errors import UsageError
+from ffnq.spec import is_int, is_number
 
 VERBS = ("warm", "qualify", "bench")
 SECTIONS = {"name", "options", "job", "thresholds", "compare"}
@@ -49,23 +49,15 @@ THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min
 SWITCHES = {"resident": "warm", "qualify_all_pass": "qualify", "no_new_fail": None}  # true / false
 
 
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)  # TOML true is no tp 1, nor is 1.9
-
-
-def _num(v) -> bool:
-    return (_int(v) or isinstance(v, float)) and math.isfinite(v)
-
-
 # each option's TOML type, as the verb's own flag takes it; the ranges are launch.validate's
 OPTION_TYPES = {
-    **dict.fromkeys(("tp", "seed", "layers", "nnodes"), ("an integer", _int)),
-    **dict.fromkeys(("timeout", "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "deadline"), ("a finite number", _num)),
+    **dict.fromkeys(("tp", "seed", "layers", "nnodes"), ("an integer", is_int)),
+    **dict.fromkeys(("timeout", "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "deadline"), ("a finite number", is_number)),
     **dict.fromkeys(("backend", "runner", "model", "experts", "baselines", "rdzv_endpoint"),
                     ("a string", lambda v: isinstance(v, str))),
-    "widths": ("a string such as '1-4,16' or an integer", lambda v: isinstance(v, str) or _int(v)),
+    "widths": ("a string such as '1-4,16' or an integer", lambda v: isinstance(v, str) or is_int(v)),
     "inject_rank": ("a rank, 'all', or a list of them",
-                    lambda v: all(isinstance(x, str) or _int(x) for x in (v if isinstance(v, list) else [v]))),
+                    lambda v: all(isinstance(x, str) or is_int(x) for x in (v if isinstance(v, list) else [v]))),
 }
 
 
@@ -147,7 +139,7 @@ def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: dict
     verbs = {v for v, _ in jobs}
     # a slowdown of 0% beyond the noise is a bound; a budget or a speedup minimum of 0 is none
     need = lambda key: "a finite number " + (">= 0" if key == "max_slower_pct" else "> 0")  # noqa: E731
-    num = lambda key, v: _num(v) and (v >= 0 if key == "max_slower_pct" else v > 0)  # noqa: E731
+    num = lambda key, v: is_number(v) and (v >= 0 if key == "max_slower_pct" else v > 0)  # noqa: E731
 
     def need_job(key: str, verb: str) -> None:
         if verb not in verbs:
@@ -208,21 +200,20 @@ def relative_checks(verb: str, base_path: str, new_path: str, th: dict) -> list[
     other = {r.key: f"{r.base:g} -> {r.new:g}" for _, r in table.iterrows()
              if r.kind == "workload" and r.verdict == "changed"}
     for _, r in table.iterrows():
-        if r.kind == "latency" and r.metric == "p50_us" and pct is not None and r.key in other:
-            rows.append({"check": f"vs base p50 {r.key}", "job": verb, "result": "SKIP",
-                         "value": f"{r.new:.1f} us vs {r.base:.1f}, other inputs (touched experts {other[r.key]}: "
-                                  "another seed)", "threshold": "the base's workload", "report": new_path})
-        elif r.kind == "latency" and r.metric == "p50_us" and pct is not None and r.verdict == "gone":
-            # a width the base judged that this run did not time
-            rows.append({"check": f"vs base p50 {r.key}", "job": verb, "result": "FAIL",
-                         "value": f"not timed in this run (base {r.base:.1f} us)",
-                         "threshold": "every base width timed", "report": new_path})
-        elif r.kind == "latency" and r.metric == "p50_us" and pct is not None and r.verdict != "new":
-            bad = r.verdict == "slower" and r.delta_pct > float(pct)
-            rows.append({"check": f"vs base p50 {r.key}", "job": verb, "result": "FAIL" if bad else "PASS",
-                         "value": f"{r.new:.1f} us vs {r.base:.1f} ({r.delta_pct:+.1f}%, noise {r.band_pct:.1f}%, "
-                                  f"{r.verdict})", "threshold": f"<= +{float(pct):g}% beyond noise",
-                         "report": new_path})
+        if r.kind == "latency" and r.metric == "p50_us" and pct is not None and r.verdict != "new":
+            row = {"check": f"vs base p50 {r.key}", "job": verb, "report": new_path}
+            if r.key in other:
+                row.update(result="SKIP", value=f"{r.new:.1f} us vs {r.base:.1f}, other inputs (touched experts "
+                                                f"{other[r.key]}: another seed)", threshold="the base's workload")
+            elif r.verdict == "gone":  # a width the base judged that this run did not time
+                row.update(result="FAIL", value=f"not timed in this run (base {r.base:.1f} us)",
+                           threshold="every base width timed")
+            else:
+                bad = r.verdict == "slower" and r.delta_pct > float(pct)
+                row.update(result="FAIL" if bad else "PASS",
+                           value=f"{r.new:.1f} us vs {r.base:.1f} ({r.delta_pct:+.1f}%, noise {r.band_pct:.1f}%, "
+                                 f"{r.verdict})", threshold=f"<= +{float(pct):g}% beyond noise")
+            rows.append(row)
         if r.kind in ("qualify", "residency") and th.get("no_new_fail"):
             # a case the base passed and this run lost, or a new one that fails, is as bad as PASS -> FAIL
             bad = r.verdict == "regressed" or (r.verdict == "gone" and r.base == "PASS") or (
@@ -249,7 +240,7 @@ def _widths(o: dict) -> list[int]:
 
 def job_options(opts: dict, verb: str | None = None):
     """A gate job's options -> validated JobOptions (the same checks as the verb ``verb``'s)."""
-    from ffnq.cli import parse_baselines
+    from ffnq.cli import BENCH_SEED, parse_baselines
     from ffnq.launch import JobOptions, fresh_seed, parse_inject, resolve_backend, validate
 
     o = dict(opts)
@@ -258,8 +249,7 @@ def job_options(opts: dict, verb: str | None = None):
     kw = dict(backend=o.get("runner") or resolve_backend(o.get("backend", "auto")), model=o.get("model", "tiny"),
               tp=tp, experts=o.get("experts", "all"), widths=_widths(o),
               timeout_s=float(o.get("timeout", 1.0)),
-              # a bench times one fixed workload (its base's, as `ffnq bench`); checks draw fresh inputs
-              seed=int(o["seed"]) if "seed" in o else 0 if verb == "bench" else fresh_seed(),
+              seed=int(o["seed"]) if "seed" in o else BENCH_SEED if verb == "bench" else fresh_seed(),
               nnodes=int(o.get("nnodes", 1)),
               rdzv_endpoint=o.get("rdzv_endpoint"), deadline_s=o.get("deadline"),
               inject_ranks=parse_inject(inject if isinstance(inject, list) else [inject], tp),

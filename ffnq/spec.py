@@ -107,15 +107,24 @@ class ModelSpec:
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # it becomes part of every kernel's name
 
 
+def is_int(v) -> bool:
+    """A TOML integer: not true (a bool is an int to Python), not 256.0."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v) -> bool:
+    """A finite TOML integer or float."""
+    return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
 def _field_problem(f: str, v) -> str | None:
     """What is wrong with one field's value (what is allowed), or None."""
     if f == "name":
         return None if isinstance(v, str) and NAME.fullmatch(v) else "need a non-empty name of letters, digits, - or _"
     if f == "eps":
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-        return None if ok else "need a finite number > 0"
+        return None if is_number(v) and v > 0 else "need a finite number > 0"
     # an int only: 256.0 or true would pass the range checks and fail later, in a rank
-    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else "need an integer >= 1"
+    return None if is_int(v) and v >= 1 else "need an integer >= 1"
 
 
 def check_fields(where: str, vals: dict) -> None:

@@ -143,6 +143,8 @@ BiasAsWeight = mutant(_BiasAsWeight, "the biased scores used as the expert weigh
 BiasIgnored = mutant(_BiasIgnored, "the selection bias ignored: top-k of the plain scores")
 NoRenorm = mutant(_NoRenorm, "the chosen weights not renormalised to sum 1")
 RouterBf16 = mutant(_RouterBf16, "router logits computed in bf16 instead of fp32")
+
+
 class LastRowUnwritten(CpuRunner):
     """the last row of out and res_out never written (its memory as the allocator gave it)"""
 
