@@ -18,7 +18,7 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # pragma: no cover
     from click import ClickException
 
-from ffnq.errors import UsageError
+from ffnq.errors import Stopped, UsageError
 
 # ---- options shared by the verbs, defined once ------------------------------------------------------
 JOB, OUT = "Job", "Output"
@@ -84,6 +84,11 @@ class App(typer.Typer):
             if type(e).__name__ != "NoArgsIsHelpError":
                 _err(e.format_message().splitlines()[0])
             sys.exit(e.exit_code)
+        except Stopped as e:  # SIGTERM / SIGHUP during a job (launch)
+            _err(f"stopped by {e.name}: the job's ranks were ended")
+            raise
+        if rc == 130:  # typer's answer to KeyboardInterrupt (Ctrl-C), the ranks ended by launch's finally
+            _err("interrupted (SIGINT): the job's ranks were ended")
         sys.exit(rc or 0)
 
 

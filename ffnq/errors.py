@@ -1,4 +1,4 @@
-"""The two ways ffnq refuses: bad input (exit 2) and a rank that faulted (exit 1)."""
+"""How ffnq refuses or stops: bad input (exit 2), a rank that faulted (exit 1), a signal (128 + it)."""
 from __future__ import annotations
 
 
@@ -17,3 +17,13 @@ class RankFault(RuntimeError):
             f"{record.get('epoch')}: waited {record.get('waited_ns', 0) / 1e6:.1f} ms for "
             f"rank(s) {', '.join(map(str, missing)) or '?'}"
         )
+
+
+class Stopped(SystemExit):
+    """SIGTERM or SIGHUP while a job ran: exit 128 + the signal, once the ranks are ended."""
+
+    def __init__(self, sig: int):
+        import signal
+
+        self.name = signal.Signals(sig).name
+        super().__init__(128 + sig)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ffnq.errors import UsageError
+from ffnq.errors import Stopped, UsageError
 from ffnq.spec import Experts, load_model
 
 GPU_BACKENDS = ("triton", "flydsl")
@@ -381,16 +381,16 @@ def _die_with_parent():
 
 @contextmanager
 def _terminated_as_exit():
-    """SIGTERM and SIGHUP end this process through SystemExit(128 + signal) while a job runs, so
-    run's ``finally`` kills the ranks: they run in a session of their own (no terminal signal
-    reaches them), and the default action would end ffnq at once and leave them running (a CI
-    job cancelled, ``timeout`` around ffnq). Only the main thread can take signals."""
+    """SIGTERM and SIGHUP end this process through Stopped (SystemExit(128 + signal)) while a job
+    runs, so run's ``finally`` kills the ranks: they run in a session of their own (no terminal
+    signal reaches them), and the default action would end ffnq at once and leave them running (a
+    CI job cancelled, ``timeout`` around ffnq). Only the main thread can take signals."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def end(sig, frame):
-        raise SystemExit(128 + sig)
+        raise Stopped(sig)
 
     old = {s: signal.signal(s, end) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:

@@ -93,12 +93,14 @@ def test_triton_interpreter_is_one_rank(monkeypatch):
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
-@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)],
-                         ids=["SIGTERM", "SIGKILL"])
-def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path, sig, rc):
-    """SIGTERM to ffnq (a cancelled CI job, `timeout ffnq ...`) ends the job's torchrun and ranks
-    too: they run in a session of their own, so nothing else would. SIGKILL, which ffnq cannot
-    see, ends them through torchrun's parent-death signal."""
+@pytest.mark.parametrize("sig, rc, says", [
+    (signal.SIGINT, 130, "error: interrupted (SIGINT): the job's ranks were ended"),
+    (signal.SIGTERM, 128 + signal.SIGTERM, "error: stopped by SIGTERM: the job's ranks were ended"),
+    (signal.SIGKILL, -signal.SIGKILL, None)], ids=["SIGINT", "SIGTERM", "SIGKILL"])
+def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path, sig, rc, says):
+    """SIGTERM to ffnq (a cancelled CI job, `timeout ffnq ...`) or Ctrl-C ends the job's torchrun
+    and ranks too, in one line: they run in a session of their own, so nothing else would.
+    SIGKILL, which ffnq cannot see, ends them through torchrun's parent-death signal."""
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.Popen([*ffnq_cmd(), "soak", "--backend", "cpu", "--tp", "2", "--steps", "1000000", "--out",
                           str(tmp_path / "reports")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -109,6 +111,8 @@ def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path, sig, rc):
         assert len(job_pids(tmp_path)) >= 3, p.stderr.read().decode() if p.poll() is not None else "no ranks"
         p.send_signal(sig)
         assert p.wait(timeout=30) == rc
+        if says:
+            assert p.stderr.read().decode().strip().splitlines()[-1] == says
         end = time.monotonic() + 20
         while job_pids(tmp_path) and time.monotonic() < end:
             time.sleep(0.5)
