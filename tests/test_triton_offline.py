@@ -140,13 +140,21 @@ def test_launch_and_sync_choices(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "SOLO=0,COOP=0")
     assert not tp1()["SOLO"] and opts(cx(1))["launch_cooperative_grid"] is False
     # FR=n: TP1 up to n tokens reads whole rows for its logits, one barrier, no per-row pick;
-    # never at TP2 (a CTA there holds only its chunk of the all-reduced rows)
+    # at TP2 only when asked (each CTA then waits for the peers' whole rows too: LL words only)
     w2 = offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, 2), False)
     assert tp1()["FR"] == 1 and w2["FR"] == 1 and not w2["ROWTOP"]  # v23: FR=2 by default
+    assert cx(1)["FR"] == 0 and cx(1, hip=True)["FR"] == 0 and not cx(2)["FR"] and cx(2)["ROWTOP"]
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=4")  # at most 2: the rows are held whole
     fr = {s: offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, s), False) for s in (1, 2, 3)}
     assert [fr[s]["FR"] for s in (1, 2, 3)] == [1, 1, 0]
-    assert not fr[2]["ROWTOP"] and fr[3]["ROWTOP"] and cx(1)["FR"] == 0
+    assert not fr[2]["ROWTOP"] and fr[3]["ROWTOP"]
+    assert [cx(s)["FR"] for s in (1, 2, 3)] == [1, 1, 0] and not cx(2)["ROWTOP"] and tp1(hip=True)["FR"]
+    with pytest.raises(ValueError, match="FR at TP > 1 needs the LL exchange"):
+        cx(1, hip=True)
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=2,LL=0")
+    with pytest.raises(ValueError, match="it needs LL=1"):
+        cx(1)
+    assert tp1()["FR"] == 1  # TP1 has no peer rows to read
 
 
 def test_the_grid_follows_the_device(monkeypatch, capsys):
@@ -500,13 +508,15 @@ def test_interpreter_partial_logits_in_passes(monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("ll", [1, 0])
-def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
+@pytest.mark.parametrize("tune", ["LL=1", "LL=0", "LL=1,FR=2"])
+def test_interpreter_fault_protocol_tp2_in_one_process(tune, monkeypatch):
     """Rank 0 runs alone: its seam wait expires (the interpreter has no clock: one look), it
     records rank 1 as missing, notes it in every fault_box and publishes -e later; rank 1 then
     learns from its fault_box that it was the missing one. Both launches end and move the epoch.
-    Both exchanges: tagged words (LL, the default) and values + flags (LL=0, as on CDNA)."""
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", f"LL={ll}")
+    Both exchanges: tagged words (LL, the default) and values + flags (LL=0, as on CDNA); and
+    with the whole rows' wait after the chunk's (FR=2), which must not record a second fault."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
+    ll = "LL=1" in tune
     import torch
     from ffnq.backends.triton import TritonRunner
     from ffnq.spec import view
@@ -528,6 +538,7 @@ def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
             rs[k](parts[k], resid, shard(full, spec, 2, k, Experts.ALL), torch.arange(2), final=True)
             f = rs[k].fault(2)
             assert f is not None and f["missing_ranks"] == [1], f
+            assert f["phase_name"] == ("seam" if k == 0 else "reduce"), f
             assert int(rs[k].epoch[0]) == 1
         # in rank 1's buffer: rank 0's seam tags are epoch 1 (it had not faulted when it pushed),
         # its reduce tags -1 (it had), as is its handshake flag
@@ -548,7 +559,8 @@ def test_interpreter_fault_protocol_tp2_in_one_process(ll, monkeypatch):
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
                                           (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1"), (Experts.ALL, "PLR=4"),
                                           (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=1"), (Experts.ALL, "DQ=1,HP=3"),
-                                          (Experts.ALL, "SPS=2"), (Experts.LOCAL, "SPS=2")])
+                                          (Experts.ALL, "SPS=2"), (Experts.LOCAL, "SPS=2"),
+                                          (Experts.ALL, "FR=2"), (Experts.LOCAL, "FR=2")])
 def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
@@ -556,13 +568,17 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     over the live rows (PLR=4); LOCAL and ALL with the items from one counter on a grid of 7, so
     that most items are taken from it (DQ=1: on at TP1's 4-16 tokens, not yet at TP2); ALL and
     LOCAL with the sum of each row's own slots (SPS=2: on at TP1, not yet at TP2; LOCAL's rows
-    have route entries of other ranks' experts, which have no slot here)."""
+    have route entries of other ranks' experts, which have no slot here); and at two rows with
+    the router from every rank's whole rows in each CTA (FR=2: TP1's at 1-2 tokens, off at TP2)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
+    from ffnq.backends.triton import geometry as G
     from ffnq.weights import shard, synthetic
-    spec, tp, S = load_model("tiny"), 2, 3
+    spec, tp = load_model("tiny"), 2
+    slots = torch.tensor([0, -1] if "FR" in tune else [0, -1, 2])
+    S, real = len(slots), torch.nonzero(slots >= 0).flatten()
     nb = TritonRunner.peer_bytes(spec, tp)
     bufs = [torch.zeros(nb, dtype=torch.uint8) for _ in range(tp)]
     for b in bufs:
@@ -576,7 +592,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
         g = torch.Generator().manual_seed(9)
         parts = [torch.randn(S, spec.hidden, generator=g).bfloat16() for _ in range(tp)]
         resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
-        slots = torch.tensor([0, -1, 2])
+        assert G.geometry(rs[0].keys[S])["FR"] == ("FR" in tune)
         steps = [rs[k].staged(parts[k], resid, shard(full, spec, tp, k, experts), slots, final=True)
                  for k in range(tp)]
         for i in range(len(steps[0][0])):
@@ -586,9 +602,10 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
         for k in range(tp):
             out, res = steps[k][1]
             # the interpreter truncates to bf16 (no round-to-nearest): ~2x the GPU's error
-            assert reference.compare(out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] < 1e-2
+            assert reference.compare(out, ref.out, rows=real)["rel_err"] < 1e-2
             assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
             assert torch.equal(rs[k].view(S, "route").long(), ref.chosen)
+            assert torch.allclose(rs[k].view(S, "route_w").double(), ref.weights, rtol=1e-4, atol=1e-6)
             assert (out[1] == 0).all() and rs[k].fault(S) is None and int(rs[k].epoch[0]) == 1
             if "DQ" in tune:  # every item once, most from the counter
                 q, (n1, n2) = _claims_and_items(rs[k], S)

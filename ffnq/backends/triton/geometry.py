@@ -176,9 +176,12 @@ def geometry(key) -> dict:
     # reads the whole rows for rstd and its own experts' logits (one grid barrier, not two, and
     # the every-CTA top-k; no row pick). v23 (dev round 51, TP1 side by side: 48.2 against 51.5
     # us at one token, 80.7 against 83.0 at two; at 3-4 tokens its first form, a reduction per
-    # load block, was 113.3 / 141.1 against the row pick's 113.0 / 139.5, round 50). A TP2 CTA
-    # holds only its chunk of the all-reduced rows: never there
-    fr = int(key.tp == 1 and key.tokens <= min(2, tune.get("FR", 2)))
+    # load block, was 113.3 / 141.1 against the row pick's 113.0 / 139.5, round 50). At TP > 1
+    # (off unless asked: not timed yet) a CTA's chunk of the all-reduced rows is not the whole rows,
+    # so each CTA also waits for every peer's whole rows (their LL words: LL only) and sums them
+    fr = int(key.tokens <= min(2, tune.get("FR", 2 if key.tp == 1 else 0)))
+    if fr and key.tp > 1 and not tune.get("LL", 1):
+        raise ValueError("FFNQ_TRITON_TUNE FR at TP > 1 reads the peers' rows as LL words: it needs LL=1")
     rowtop = rt >= tune.get("RTOP", 2) and not fr
     # CTAs per row in that pick: at most RPG (v18: 16; the grid's share, 64 at 4 rows, left the
     # row's last arriver 64 slices to read: 16 was 0.7-1.3 us faster at 4 tokens, 0.5-0.8 at 8, TP1
@@ -386,6 +389,8 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         g["PDL"] = g["FENCE"] = False
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
         g["LL"] = False
+        if g["FR"] and key.tp > 1:
+            raise ValueError("FFNQ_TRITON_TUNE FR at TP > 1 needs the LL exchange, which CDNA builds leave off")
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, P_SEAM_LL=peer["seam_ll"].offset, P_MOE_LL=peer["moe_ll"].offset,
              NCOL=len(stamp_names(key.tp)), S=key.tokens, TIMELINE=bool(key.timeline),

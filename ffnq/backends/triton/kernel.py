@@ -59,7 +59,9 @@ At TP1 (SOLO, its default) the seam's and the reduce's exchanges and the handsha
 with no peer they are the identity (h = part + residual, out = the sum), so no flag is written.
 At TP1 up to two tokens (FR, v23) every CTA also reads the whole rows in phase A, so rstd and
 its own experts' logits need no other CTA's partials: x and the logits are written there, phase
-B is empty and one grid barrier (not two) precedes the top-k, which every CTA makes.
+B is empty and one grid barrier (not two) precedes the top-k, which every CTA makes. At TP > 1
+FR is off unless asked for (FFNQ_TRITON_TUNE=FR=2; not timed yet): there each CTA also waits for
+every peer's whole rows, tagged words in its seam slot, and sums them with its own in rank order.
 
 Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] this launch's
 arrivals at the grid barriers, [3] exit count (staged launches); [2] is FlyDSL's. Flags hold
@@ -278,7 +280,16 @@ def ffn_kernel(
             if not (PRE & (STAGE == 0)):
                 fr_res, fr_part = _fr_rows(part, residual, rows_r, rmask_r, H, HP2)
                 fr_pn, fr_rw = _fr_weights(post_norm, router, ecol, emask, H, HP2)
-            hf = fr_res.to(tl.float32) + fr_part.to(tl.float32)  # [RT, HP2], as the chunk's h
+            if TP == 1:
+                hf = fr_res.to(tl.float32) + fr_part.to(tl.float32)  # [RT, HP2], as the chunk's h
+            else:
+                # (TP > 1, LL) every peer's whole rows, once all their tagged words are in (this
+                # CTA's chunk is), summed in rank order with this rank's own: the chunk's h again
+                hh = tl.arange(0, HP2)
+                hf = fr_res.to(tl.float32) + _wait_peers(
+                    peers, fault, pid, rank, e, timeout_ns, tl_row, rows_r[:, None] * H + hh[None, :],
+                    rmask_r[:, None] & (hh < H)[None, :], P_SEAM_LL + (par * TP * MT) * H * 8, PH_SEAM, P_FLAGS,
+                    P_FBOX, TP, FLAGB, MT * H * 8, 0, IS_HIP, INTERP, False, CHK, True, fr_part, True)
             rstd_r = 1.0 / tl.sqrt_rn(tl.sum(hf * hf, axis=1) / H + EPS)  # [RT], the same in every CTA
             dot = tl.sum((hf * fr_pn[None, :])[:, None, :] * fr_rw[None, :, :], axis=2)  # [RT, EPCP2]
             if pid * EPC < E:

@@ -182,13 +182,15 @@ def _tag(v, m2, e, LL: tl.constexpr):
 def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, base, PHASE: tl.constexpr,
                 P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, TP: tl.constexpr, FLAGB: tl.constexpr,
                 SLOT: tl.constexpr, SEEN0: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
-                TIMELINE: tl.constexpr, CHK: tl.constexpr, LL: tl.constexpr):
+                TIMELINE: tl.constexpr, CHK: tl.constexpr, LL: tl.constexpr, own=0, OWN: tl.constexpr = False):
     """Wait for every peer's arrival on this rank's buffer, bounded: flags[PHASE][pid][src] == e,
     or (LL) every tagged word of this CTA's chunk ``offs`` in src's slot (base + src x SLOT bytes)
     carrying e. An arrival already there costs one look; this CTA's own none (it wrote it, before
     the CTA barrier of its send); the clock and the fault marker are read only once a peer is late,
     then every CHK looks, so a rank that has faulted in this launch takes one look only. LL:
-    returns the chunk's values summed over ranks in rank order (the same sum on every rank)."""
+    returns the chunk's values summed over ranks in rank order (the same sum on every rank).
+    OWN (LL; FR at TP > 1): ``offs`` spans other CTAs' chunks too, whose pushes to this rank may
+    not have happened yet, so this rank's term is ``own`` (bf16, the values it pushes), not read."""
     mine = _peer_base(peers, rank)
     t0 = now_u(IS_HIP, INTERP)
     deadline = t0 + timeout_ns
@@ -226,6 +228,8 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, base, 
                         neg = src
                 else:
                     missing = missing | (1 << src)
+        elif OWN:
+            v = own.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
         elif LL:
             v = _read(p, m2, LL)
         if LL:
