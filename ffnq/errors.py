@@ -1,6 +1,8 @@
 """How ffnq refuses or stops: bad input (exit 2), a rank that faulted (exit 1), a signal (128 + it)."""
 from __future__ import annotations
 
+import signal
+
 
 class UsageError(ValueError):
     """Bad input: one line naming the value and what is allowed. The CLI exits 2 on it."""
@@ -23,7 +25,5 @@ class Stopped(SystemExit):
     """SIGTERM or SIGHUP while a job ran: exit 128 + the signal, once the ranks are ended."""
 
     def __init__(self, sig: int):
-        import signal
-
         self.name = signal.Signals(sig).name
         super().__init__(128 + sig)

@@ -566,9 +566,10 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
     and once with the flagged exchanges (LL=0, CDNA's); ALL again with the seam's partial logits
     over the live rows (PLR=4); LOCAL and ALL with the items from one counter on a grid of 7, so
-    that most items are taken from it (DQ=1: on at TP1's 4-16 tokens, not yet at TP2); ALL and
-    LOCAL with the sum of each row's own slots (SPS=2: on at TP1, not yet at TP2; LOCAL's rows
-    have route entries of other ranks' experts, which have no slot here); and at two rows with
+    that most items are taken from it (DQ=1: on at 4-16 tokens); ALL and LOCAL with the sum of
+    each row's own slots (SPS=2, on at every width: LOCAL's rows have route entries of other
+    ranks' experts, which have no slot here; the tiny model's three rows take neither from the
+    measured table, which is minimax-m2's); and at two rows with
     the router from every rank's whole rows in each CTA (FR=2: TP1's at 1-2 tokens, off at TP2)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch

@@ -285,10 +285,10 @@ def ffn_kernel(
             else:
                 # (TP > 1, LL) every peer's whole rows, once all their tagged words are in (this
                 # CTA's chunk is), summed in rank order with this rank's own: the chunk's h again
-                hh = tl.arange(0, HP2)
+                fc = tl.arange(0, HP2)
                 hf = fr_res.to(tl.float32) + _wait_peers(
-                    peers, fault, pid, rank, e, timeout_ns, tl_row, rows_r[:, None] * H + hh[None, :],
-                    rmask_r[:, None] & (hh < H)[None, :], P_SEAM_LL + (par * TP * MT) * H * 8, PH_SEAM, P_FLAGS,
+                    peers, fault, pid, rank, e, timeout_ns, tl_row, rows_r[:, None] * H + fc[None, :],
+                    rmask_r[:, None] & (fc < H)[None, :], P_SEAM_LL + (par * TP * MT) * H * 8, PH_SEAM, P_FLAGS,
                     P_FBOX, TP, FLAGB, MT * H * 8, 0, IS_HIP, INTERP, False, CHK, True, fr_part, True)
             rstd_r = 1.0 / tl.sqrt_rn(tl.sum(hf * hf, axis=1) / H + EPS)  # [RT], the same in every CTA
             dot = tl.sum((hf * fr_pn[None, :])[:, None, :] * fr_rw[None, :, :], axis=2)  # [RT, EPCP2]
