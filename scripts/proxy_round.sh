@@ -10,6 +10,9 @@
 # more registers (TP2's 2-6 tokens spill 4-656 B at a grid of 132, nothing at 264; device round 83).
 # Each timed line names its build's registers and spills: where the proxy's build spills and the
 # shipped one does not (offline --blocks), the comparison times the spill, not the choice.
+# PROXY=solo times scripts/tp2_solo.py instead: rank 0's TP2 build alone on the whole GPU at its shipped
+# grid ("default"; GRID as --blocks otherwise), its exchanges the identity (SOLO=2): the shipped builds
+# and a whole HBM, without the links' cost (about the same for every variant).
 # Logs in $OUT/proxy.log, this call's report folders in $OUT/proxy-reports.tgz (the device tool brings back
 # 8 files).
 set -o pipefail
@@ -24,11 +27,15 @@ W=${WIDTHS:-1-16}
 nvidia-smi -L
 echo "widths=$W commit=${FFNQ_COMMIT:-?}"
 SMS=$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)')
-grid() { [ "$1" = default ] && echo "$SMS" || echo "$1"; }
+SCRIPT=scripts/tp2_one_gpu.py DEF=$SMS
+[ "${PROXY:-pair}" = solo ] && SCRIPT=scripts/tp2_solo.py DEF=0  # 0: the shipped grid
+echo "proxy=${PROXY:-pair} ($SCRIPT)"
+grid() { [ "$1" = default ] && echo "$DEF" || echo "$1"; }
 declare -A SEEN  # a variant listed twice is compiled once
 for v in "$@"; do
   [ -n "${SEEN[$v]}" ] && continue; SEEN[$v]=1
   b=$(variant_base "$v"); t=$(variant_tune "$v")
+  [ "${PROXY:-pair}" = solo ] && t="${t:+$t,}SOLO=2"  # the build tp2_solo.py launches
   ( export FFNQ_TRITON_TUNE=$t; python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 \
       --tp 2 --widths "$W" --blocks "$(grid "$b")" --jobs 8 | tail -n 1 ) &
 done
@@ -37,7 +44,7 @@ echo "=== prewarm done at +$(( $(date +%s) - T0 ))s"
 for v in "$@"; do
   b=$(variant_base "$v"); export FFNQ_TRITON_TUNE=$(variant_tune "$v")
   echo "=== variant $v at +$(( $(date +%s) - T0 ))s"
-  timeout -k 5 240 python3 scripts/tp2_one_gpu.py --widths "$W" --time "$W" --blocks "$(grid "$b")" --out "$R" 2>&1 \
+  timeout -k 5 240 python3 "$SCRIPT" --widths "$W" --time "$W" --blocks "$(grid "$b")" --out "$R" 2>&1 \
     | grep -E "timed|PASS|FAIL|rror|resident|fit"
   tar czf "$OUT/proxy-reports.tgz" -C "$R" .  # after each variant: a call cut short keeps them
 done

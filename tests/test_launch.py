@@ -102,8 +102,10 @@ def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path, sig, rc, says):
     and ranks too, in one line: they run in a session of their own, so nothing else would.
     SIGKILL, which ffnq cannot see, ends them through torchrun's parent-death signal."""
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # SIGINT as a terminal delivers it: a shell's background job (CI's) inherits it ignored
     p = subprocess.Popen([*ffnq_cmd(), "soak", "--backend", "cpu", "--tp", "2", "--steps", "1000000", "--out",
-                          str(tmp_path / "reports")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                          str(tmp_path / "reports")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         end = time.monotonic() + 120
         while len(job_pids(tmp_path)) < 3 and time.monotonic() < end and p.poll() is None:

@@ -148,13 +148,21 @@ def test_launch_and_sync_choices(monkeypatch):
     fr = {s: offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, s), False) for s in (1, 2, 3)}
     assert [fr[s]["FR"] for s in (1, 2, 3)] == [1, 1, 0]
     assert not fr[2]["ROWTOP"] and fr[3]["ROWTOP"]
-    assert [cx(s)["FR"] for s in (1, 2, 3)] == [1, 1, 0] and not cx(2)["ROWTOP"] and tp1(hip=True)["FR"]
+    # TP2 one token only (its peers' words spill two tokens' build)
+    assert [cx(s)["FR"] for s in (1, 2, 3)] == [1, 0, 0] and not cx(1)["ROWTOP"] and tp1(hip=True)["FR"]
     with pytest.raises(ValueError, match="FR at TP > 1 needs the LL exchange"):
         cx(1, hip=True)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=2,LL=0")
     with pytest.raises(ValueError, match="it needs LL=1"):
         cx(1)
     assert tp1()["FR"] == 1  # TP1 has no peer rows to read
+    # SOLO=2 (scripts/tp2_solo.py): a TP2 build without exchanges, so FR as TP1's, to two tokens;
+    # where the shipped build holds three CTAs per SM (three tokens) its registers are capped to fit
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=2,LL=0,SOLO=2")
+    assert cx(1)["SOLO"] and [cx(s)["FR"] for s in (1, 2, 3)] == [1, 1, 0]
+    assert opts(cx(3))["maxnreg"] == 168 and "maxnreg" not in opts(cx(2))
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SOLO=2,R@3=160")
+    assert opts(cx(3))["maxnreg"] == 160
 
 
 def test_the_grid_follows_the_device(monkeypatch, capsys):
@@ -516,9 +524,10 @@ def test_interpreter_fault_protocol_tp2_in_one_process(tune, monkeypatch):
     Both exchanges: tagged words (LL, the default) and values + flags (LL=0, as on CDNA); and
     with the whole rows' wait after the chunk's (FR=2), which must not record a second fault."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
-    ll = "LL=1" in tune
+    ll, S = "LL=1" in tune, 1 if "FR" in tune else 2  # (FR at TP2: one token only)
     import torch
     from ffnq.backends.triton import TritonRunner
+    from ffnq.backends.triton import geometry as G
     from ffnq.spec import view
     from ffnq.weights import shard, synthetic
     spec = load_model("tiny")
@@ -529,14 +538,15 @@ def test_interpreter_fault_protocol_tp2_in_one_process(tune, monkeypatch):
     try:
         peers = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
         full = synthetic(spec, seed=1)
-        rs = [TritonRunner(2, k, bufs[k].data_ptr(), peers, "cpu", widths=[2], model=spec, timeline=True)
+        rs = [TritonRunner(2, k, bufs[k].data_ptr(), peers, "cpu", widths=[S], model=spec, timeline=True)
               for k in range(2)]
+        assert G.geometry(rs[0].keys[S])["FR"] == ("FR" in tune)
         g = torch.Generator().manual_seed(3)
-        parts = [torch.randn(2, spec.hidden, generator=g).bfloat16() for _ in range(2)]
-        resid = torch.randn(2, spec.hidden, generator=g).bfloat16()
+        parts = [torch.randn(S, spec.hidden, generator=g).bfloat16() for _ in range(2)]
+        resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
         for k in range(2):
-            rs[k](parts[k], resid, shard(full, spec, 2, k, Experts.ALL), torch.arange(2), final=True)
-            f = rs[k].fault(2)
+            rs[k](parts[k], resid, shard(full, spec, 2, k, Experts.ALL), torch.arange(S), final=True)
+            f = rs[k].fault(S)
             assert f is not None and f["missing_ranks"] == [1], f
             assert f["phase_name"] == ("seam" if k == 0 else "reduce"), f
             assert int(rs[k].epoch[0]) == 1
@@ -544,7 +554,7 @@ def test_interpreter_fault_protocol_tp2_in_one_process(tune, monkeypatch):
         # its reduce tags -1 (it had), as is its handshake flag
         flags = view(bufs[1], rs[0].peer_regions["flags"])
         if ll:
-            tags = {n: view(bufs[1], rs[0].peer_regions[n])[1, 0, :2] >> 32 for n in ("seam_ll", "moe_ll")}
+            tags = {n: view(bufs[1], rs[0].peer_regions[n])[1, 0, :S] >> 32 for n in ("seam_ll", "moe_ll")}
             assert (tags["seam_ll"] == 1).all() and (tags["moe_ll"] == -1).all()
         else:
             assert flags[0, 0].tolist() == [1, 1] and flags[1, 0, 0] == -1
@@ -569,8 +579,8 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     that most items are taken from it (DQ=1: on at 4-16 tokens); ALL and LOCAL with the sum of
     each row's own slots (SPS=2, on at every width: LOCAL's rows have route entries of other
     ranks' experts, which have no slot here; the tiny model's three rows take neither from the
-    measured table, which is minimax-m2's); and at two rows with
-    the router from every rank's whole rows in each CTA (FR=2: TP1's at 1-2 tokens, off at TP2)."""
+    measured table, which is minimax-m2's); and at one row with the router from every rank's
+    whole rows in each CTA (FR: TP1's at 1-2 tokens; at TP2 off, and one token at most)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -578,7 +588,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     from ffnq.backends.triton import geometry as G
     from ffnq.weights import shard, synthetic
     spec, tp = load_model("tiny"), 2
-    slots = torch.tensor([0, -1] if "FR" in tune else [0, -1, 2])
+    slots = torch.tensor([1] if "FR" in tune else [0, -1, 2])  # (FR at TP2: one token only)
     S, real = len(slots), torch.nonzero(slots >= 0).flatten()
     nb = TritonRunner.peer_bytes(spec, tp)
     bufs = [torch.zeros(nb, dtype=torch.uint8) for _ in range(tp)]
@@ -607,7 +617,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
             assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
             assert torch.equal(rs[k].view(S, "route").long(), ref.chosen)
             assert torch.allclose(rs[k].view(S, "route_w").double(), ref.weights, rtol=1e-4, atol=1e-6)
-            assert (out[1] == 0).all() and rs[k].fault(S) is None and int(rs[k].epoch[0]) == 1
+            assert (out[slots < 0] == 0).all() and rs[k].fault(S) is None and int(rs[k].epoch[0]) == 1
             if "DQ" in tune:  # every item once, most from the counter
                 q, (n1, n2) = _claims_and_items(rs[k], S)
                 assert n1 > 7 and n2 > 7

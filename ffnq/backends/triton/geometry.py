@@ -178,9 +178,11 @@ def geometry(key) -> dict:
     # us at one token, 80.7 against 83.0 at two; at 3-4 tokens its first form, a reduction per
     # load block, was 113.3 / 141.1 against the row pick's 113.0 / 139.5, round 50). At TP > 1
     # (off unless asked: not timed yet) a CTA's chunk of the all-reduced rows is not the whole rows,
-    # so each CTA also waits for every peer's whole rows (their LL words: LL only) and sums them
-    fr = int(key.tokens <= min(2, tune.get("FR", 2 if key.tp == 1 else 0)))
-    if fr and key.tp > 1 and not tune.get("LL", 1):
+    # so each CTA also waits for every peer's whole rows (their LL words: LL only) and sums them;
+    # one token only there: at two, minimax-m2's TP2 build spills 92-112 B at 255 registers
+    most = 2 if key.tp == 1 or tune.get("SOLO") == 2 else 1
+    fr = int(key.tokens <= min(most, tune.get("FR", 2 if key.tp == 1 else 0)))
+    if fr and key.tp > 1 and not tune.get("LL", 1) and tune.get("SOLO") != 2:
         raise ValueError("FFNQ_TRITON_TUNE FR at TP > 1 reads the peers' rows as LL words: it needs LL=1")
     rowtop = rt >= tune.get("RTOP", 2) and not fr
     # CTAs per row in that pick: at most RPG (v18: 16; the grid's share, 64 at 4 rows, left the
@@ -221,7 +223,9 @@ def geometry(key) -> dict:
     # the live rows, not a 16-row dot, up to a row tile of n. Both v19 (TP1 dev round 43, one
     # call: 2.5-3.1 us faster at 1-2 tokens, 0.7-1.2 at 4-16). SOLO: TP1 without its exchanges
     # (the identity with no peer), v22 (dev round 49: 2.0 / 1.6 / 2.3 / 3.6 us faster at 1 / 2 /
-    # 4 / 16 tokens); TP2 builds are unchanged
+    # 4 / 16 tokens); TP2 builds are unchanged. SOLO=2 drops them at any TP: a development proxy
+    # (scripts/tp2_solo.py) that times one TP2 rank's build on one GPU, its output that rank's own
+    # partial, never the all-reduce
     # KH: stage-2 items in KH parts of I_R (whole 128-wide scale blocks), each its own partial.
     # Measured, not adopted (dev round 52, TP1, KH=2: 53.8 / 85.1 / 141.6 against 47.8 / 79.9 /
     # 137.3 us at 1 / 2 / 4 tokens): an item took half the time (4.9 against 8.5 us at one token)
@@ -299,7 +303,7 @@ def geometry(key) -> dict:
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
-                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)), FR=fr, KH=kh, A8=a8,
+                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)) or tune.get("SOLO") == 2, FR=fr, KH=kh, A8=a8,
                  A8T=a8t, DQ=dq, HP=hp,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
                  EW=bool(tune.get("EW", int(key.tp == 1))))
@@ -389,7 +393,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         g["PDL"] = g["FENCE"] = False
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
         g["LL"] = False
-        if g["FR"] and key.tp > 1:
+        if g["FR"] and key.tp > 1 and not g["SOLO"]:
             raise ValueError("FFNQ_TRITON_TUNE FR at TP > 1 needs the LL exchange, which CDNA builds leave off")
     g.update(P_FLAGS=peer["flags"].offset, P_FBOX=peer["fault_box"].offset, P_SEAM=peer["seam"].offset,
              P_MOE=peer["moe"].offset, P_SEAM_LL=peer["seam_ll"].offset, P_MOE_LL=peer["moe_ll"].offset,
@@ -411,6 +415,11 @@ def launch_options(cx: dict, key) -> dict:
     opts = dict(launch_cooperative_grid=bool(tune.get("COOP", 1)), **({"launch_pdl": True} if cx.get("PDL") else {}))
     tune = choices(key)  # the width's row under FFNQ_TRITON_TUNE's R, R@w and R<w> (tune.parse)
     regs = tune.get("R")
+    if not regs and cx.get("SOLO") and key.tp > 1 and tune.get("CPS", 2) > 2:
+        # SOLO=2, the one-GPU proxy of a TP > 1 rank: without the exchanges' code its build takes
+        # other registers (TP2's three tokens 176, not the shipped 168), so where the shipped
+        # build holds CPS CTAs per SM the cap keeps that many (64K registers an SM)
+        regs = 65536 // (tune["CPS"] * NUM_WARPS * 32) // 8 * 8
     return dict(opts, maxnreg=regs) if regs and not cx.get("IS_HIP") else opts
 
 

@@ -60,8 +60,9 @@ with no peer they are the identity (h = part + residual, out = the sum), so no f
 At TP1 up to two tokens (FR, v23) every CTA also reads the whole rows in phase A, so rstd and
 its own experts' logits need no other CTA's partials: x and the logits are written there, phase
 B is empty and one grid barrier (not two) precedes the top-k, which every CTA makes. At TP > 1
-FR is off unless asked for (FFNQ_TRITON_TUNE=FR=2; not timed yet): there each CTA also waits for
-every peer's whole rows, tagged words in its seam slot, and sums them with its own in rank order.
+FR is off unless asked for (FFNQ_TRITON_TUNE=FR=1; one token; not timed yet): there each CTA also
+waits for every peer's whole row, tagged words in its seam slot, and sums it with its own in rank
+order (sync._wait_rows).
 
 Epoch words (peer buffer "epoch", int32[4]): [0] epoch of the last launch, [1] this launch's
 arrivals at the grid barriers, [3] exit count (staged launches); [2] is FlyDSL's. Flags hold
@@ -81,7 +82,7 @@ import triton.language as tl
 
 from ffnq.backends.triton.sync import (F_EPOCH, F_VALID, PH_HANDSHAKE, PH_REDUCE, PH_SEAM, _as, _backoff,
     _clear_sync, _gather, _grid_barrier, _publish, _rank_faulted, _send, _spin_count, _stamp, _wait_count,
-    _wait_peers, _wait_prefix, now_ns, now_u)
+    _wait_peers, _wait_prefix, _wait_rows, now_ns, now_u)
 from ffnq.backends.triton.tiles import (_fp8, _fr_rows, _fr_weights, _mma_sc, _post_norm_all, _store_route, _store_x,
     _topk, _xsig, _xsig_of)
 from ffnq.backends.triton.items import _claim, _next_item, _s2_header
@@ -280,16 +281,16 @@ def ffn_kernel(
             if not (PRE & (STAGE == 0)):
                 fr_res, fr_part = _fr_rows(part, residual, rows_r, rmask_r, H, HP2)
                 fr_pn, fr_rw = _fr_weights(post_norm, router, ecol, emask, H, HP2)
-            if TP == 1:
+            if SOLO | (TP == 1):
                 hf = fr_res.to(tl.float32) + fr_part.to(tl.float32)  # [RT, HP2], as the chunk's h
             else:
                 # (TP > 1, LL) every peer's whole rows, once all their tagged words are in (this
                 # CTA's chunk is), summed in rank order with this rank's own: the chunk's h again
                 fc = tl.arange(0, HP2)
-                hf = fr_res.to(tl.float32) + _wait_peers(
-                    peers, fault, pid, rank, e, timeout_ns, tl_row, rows_r[:, None] * H + fc[None, :],
-                    rmask_r[:, None] & (fc < H)[None, :], P_SEAM_LL + (par * TP * MT) * H * 8, PH_SEAM, P_FLAGS,
-                    P_FBOX, TP, FLAGB, MT * H * 8, 0, IS_HIP, INTERP, False, CHK, True, fr_part, True)
+                hf = fr_res.to(tl.float32) + _wait_rows(
+                    peers, fault, pid, rank, e, timeout_ns, rows_r[:, None] * H + fc[None, :],
+                    rmask_r[:, None] & (fc < H)[None, :], fr_part, P_SEAM_LL + (par * TP * MT) * H * 8, PH_SEAM,
+                    P_FBOX, TP, MT * H * 8, IS_HIP, INTERP, CHK)
             rstd_r = 1.0 / tl.sqrt_rn(tl.sum(hf * hf, axis=1) / H + EPS)  # [RT], the same in every CTA
             dot = tl.sum((hf * fr_pn[None, :])[:, None, :] * fr_rw[None, :, :], axis=2)  # [RT, EPCP2]
             if pid * EPC < E:

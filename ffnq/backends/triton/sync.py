@@ -179,18 +179,41 @@ def _tag(v, m2, e, LL: tl.constexpr):
 
 
 @triton.jit
+def _expire(n, t0, deadline, fault, e, IS_HIP: tl.constexpr, INTERP: tl.constexpr, CHK: tl.constexpr):
+    """A wait's deadline after its n-th look: every CHK looks (the first at once, so a rank that
+    has faulted takes one look only) the clock and the fault marker are read, and past the
+    deadline or once faulted the wait has expired (t0 - 1)."""
+    if n % CHK == 0:
+        t = now_u(IS_HIP, INTERP)
+        if (t > deadline) | _rank_faulted(fault, e):
+            deadline = t0 - 1
+    return deadline
+
+
+@triton.jit
+def _late(tag, e, src, missing, neg):
+    """A wait's verdict on ``src``: missing (no e seen by the deadline) or, first of its kind, the
+    rank that published -e (it has faulted)."""
+    if tag != e:
+        if tag == -e:
+            if neg < 0:
+                neg = src
+        else:
+            missing = missing | (1 << src)
+    return missing, neg
+
+
+@triton.jit
 def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, base, PHASE: tl.constexpr,
                 P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, TP: tl.constexpr, FLAGB: tl.constexpr,
                 SLOT: tl.constexpr, SEEN0: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
-                TIMELINE: tl.constexpr, CHK: tl.constexpr, LL: tl.constexpr, own=0, OWN: tl.constexpr = False):
+                TIMELINE: tl.constexpr, CHK: tl.constexpr, LL: tl.constexpr):
     """Wait for every peer's arrival on this rank's buffer, bounded: flags[PHASE][pid][src] == e,
     or (LL) every tagged word of this CTA's chunk ``offs`` in src's slot (base + src x SLOT bytes)
     carrying e. An arrival already there costs one look; this CTA's own none (it wrote it, before
     the CTA barrier of its send); the clock and the fault marker are read only once a peer is late,
     then every CHK looks, so a rank that has faulted in this launch takes one look only. LL:
-    returns the chunk's values summed over ranks in rank order (the same sum on every rank).
-    OWN (LL; FR at TP > 1): ``offs`` spans other CTAs' chunks too, whose pushes to this rank may
-    not have happened yet, so this rank's term is ``own`` (bf16, the values it pushes), not read."""
+    returns the chunk's values summed over ranks in rank order (the same sum on every rank)."""
     mine = _peer_base(peers, rank)
     t0 = now_u(IS_HIP, INTERP)
     deadline = t0 + timeout_ns
@@ -210,10 +233,7 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, base, 
             done = (tag == e) | (tag == -e)
             n = 0
             while not done:
-                if n % CHK == 0:  # first at once: a rank that has faulted takes one look only
-                    t = now_u(IS_HIP, INTERP)
-                    if (t > deadline) | _rank_faulted(fault, e):
-                        deadline = t0 - 1
+                deadline = _expire(n, t0, deadline, fault, e, IS_HIP, INTERP, CHK)
                 if deadline < t0:
                     done = True
                 else:
@@ -222,14 +242,7 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, base, 
                     tag = _tag(v, m2, e, LL)
                     done = (tag == e) | (tag == -e)
                     n += 1
-            if tag != e:
-                if tag == -e:
-                    if neg < 0:
-                        neg = src
-                else:
-                    missing = missing | (1 << src)
-        elif OWN:
-            v = own.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+            missing, neg = _late(tag, e, src, missing, neg)
         elif LL:
             v = _read(p, m2, LL)
         if LL:
@@ -285,6 +298,56 @@ def _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, P_BUF
         for src in tl.static_range(TP):
             buf = _as(mine, P_BUF + ((par * TP + src) * MT) * H * 2, tl.bfloat16)
             acc += tl.load(buf + offs, mask=m2, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _wait_rows(peers, fault, pid, rank, e, timeout_ns, offs, m2, own, base, PHASE: tl.constexpr,
+               P_FBOX: tl.constexpr, TP: tl.constexpr, SLOT: tl.constexpr, IS_HIP: tl.constexpr,
+               INTERP: tl.constexpr, CHK: tl.constexpr):
+    """(FR at TP > 1, LL) Every rank's whole rows ``offs`` [RT, HP2] summed in rank order (the
+    seam's sum of each chunk, for every chunk), once each peer's tagged words in its slot (base +
+    src x SLOT bytes) all carry e, bounded as _wait_peers (a rank that has faulted takes one
+    look; the first fault is the one recorded). This rank's own term is ``own`` (its part, bf16):
+    its slot's other chunks are other CTAs' pushes, maybe not made yet. _wait_peers' loop, but a
+    look keeps each word's value as bf16 and its tags' verdict, not the 64-bit words (a CTA holds
+    4096 a row: carried, they spilled minimax-m2's TP2 build); _wait_peers' own loop is left as
+    the timed builds have it."""
+    mine = _peer_base(peers, rank)
+    t0 = now_u(IS_HIP, INTERP)
+    deadline = t0 + timeout_ns
+    if INTERP:
+        deadline = t0 - 1
+    missing = tl.zeros((), tl.int32)
+    neg = tl.zeros((), tl.int32) - 1
+    acc = tl.zeros(offs.shape, tl.float32)
+    for src in tl.static_range(TP):
+        if src == rank:
+            acc += own.to(tl.float32)
+        else:
+            p = _as(mine, base + src * SLOT, tl.int64) + offs
+            v = tl.load(p, mask=m2, other=0, volatile=True)
+            x = (v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            tag = _tag(v, m2, e, True)
+            done = (tag == e) | (tag == -e)
+            n = 0
+            while not done:
+                deadline = _expire(n, t0, deadline, fault, e, IS_HIP, INTERP, CHK)
+                if deadline < t0:
+                    done = True
+                else:
+                    _backoff(IS_HIP, INTERP)
+                    v = tl.load(p, mask=m2, other=0, volatile=True)
+                    x = (v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+                    tag = _tag(v, m2, e, True)
+                    done = (tag == e) | (tag == -e)
+                    n += 1
+            missing, neg = _late(tag, e, src, missing, neg)
+            acc += x.to(tl.float32)
+    tl.debug_barrier()
+    if (missing != 0) | (neg >= 0):
+        _wait_fault(fault, peers, mine, e, PHASE, rank, missing, neg, now_u(IS_HIP, INTERP) - t0, pid, P_FBOX, TP,
+                    IS_HIP, INTERP)
     return acc
 
 

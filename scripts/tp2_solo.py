@@ -1,0 +1,167 @@
+"""One TP2 rank's fused kernel on one GPU, its exchanges and handshake the identity (SOLO=2): a
+side-by-side proxy for TP2 build choices where no two-GPU machine is lent. Unlike
+scripts/tp2_one_gpu.py (both ranks on one GPU, each on half the grid, sharing one HBM), this is
+the build rank 0 ships (its grid, CTAs per SM and the measured table's choices), alone on the
+whole HBM, less the exchanges' code: so its registers differ (offline, minimax-m2: fewer at most
+widths; where the shipped build holds three CTAs per SM, TP2's three tokens, geometry caps them so
+three still fit). It misses what the exchanges cost: two link latencies and the peer's skew a
+step (~7-13 us at TP2, about the same for every variant), and under FR its wait for the peer's
+rows. So compare variants of one call; never read a step time here as a 2xH200 figure.
+
+    FFNQ_TRITON_TUNE=... python scripts/tp2_solo.py [--widths 1-16] [--time 1,4,16] [--blocks 0]
+
+Per width, a fresh random step against the fp64 reference of what the build computes: the
+residual plus rank 0's own part (no seam sum), and the MoE output of rank 0's shard of every
+chosen expert (the reference's weights with rank 1's intermediate rows zeroed), routing and
+route weights compared, outputs NaN-poisoned before the step. ``--time``: those widths timed as
+tp2_one_gpu.py times them (a CUDA graph over the bench's rotating weight sets, the median of 200
+replays). Writes <out>/<stamp>-tp2-solo-triton-tp2/; exit 1 on a failed check, 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+import pandas as pd
+import torch
+
+from tp2_one_gpu import cold_step_us, inputs, poisoned
+
+from ffnq import reference, report
+from ffnq.backends import symm
+from ffnq.backends.triton import TritonRunner, tune
+from ffnq.errors import UsageError
+from ffnq.jobs.bench import ROTATE_SETS_GPU
+from ffnq.launch import parse_widths
+from ffnq.spec import Experts, load_model
+from ffnq.weights import shard, synthetic
+
+TP, RANK = 2, 0
+
+
+class Solo:
+    """Rank 0's runner alone, with tp2_one_gpu.Pair's launch (its parts, weights and outputs
+    lists, of which it takes rank 0's)."""
+
+    def __init__(self, spec, widths, blocks, timeout, dev):
+        cls = TritonRunner.with_grid(blocks)
+        self.buf = torch.zeros(cls.peer_bytes(spec, TP), dtype=torch.uint8, device=dev)
+        symm.BUFFERS[self.buf.data_ptr()] = self.buf
+        peers = torch.tensor([self.buf.data_ptr()] * TP, dtype=torch.int64, device=dev)  # never read (SOLO)
+        self.r = cls(TP, RANK, self.buf.data_ptr(), peers, dev, widths=widths, model=spec, timeout=timeout)
+        self.dev = dev
+
+    def close(self):
+        symm.BUFFERS.pop(self.buf.data_ptr(), None)
+
+    def launch(self, parts, resid, ws, slots, outs, final=False):
+        s = self.r.check_inputs(parts[RANK], resid, slots)
+        self.r._launch(s, self.r._args(s, parts[RANK], resid, slots, *outs[RANK], ws[RANK]), final)
+
+
+def own_shard_only(full, spec):
+    """``full`` with every intermediate row but rank 0's zeroed in w1 and w3 (fp8 code 0 is 0.0):
+    the reference's MoE output is then rank 0's partial, what a SOLO build returns."""
+    n = spec.intermediate // TP
+    w1, w3 = full.w1.clone(), full.w3.clone()
+    for w in (w1, w3):
+        w.view(torch.uint8)[:, n:] = 0
+    return dataclasses.replace(full, w1=w1, w3=w3)
+
+
+def check(solo, s, seed, expect, spec, ws, cache) -> dict:
+    parts, resid, slots = inputs(spec, s, seed, solo.dev)
+    outs = poisoned(parts, resid)
+    solo.launch(parts, resid, ws, slots, outs)
+    torch.cuda.synchronize(solo.dev)
+    r, (out, res) = solo.r, outs[RANK]
+    ref = reference.step(parts[RANK:RANK + 1], resid, slots, expect, spec, Experts.ALL, cache=cache,
+                         follow=r.chosen(s))
+    keep = torch.nonzero(slots >= 0).flatten()
+    c, cr = reference.compare(out, ref.out, rows=keep), reference.compare(res, ref.res_out)
+    row = dict(rel_err=round(c["rel_err"], 5), res_rel=round(cr["rel_err"], 5), wrong=c["wrong"] + cr["wrong"],
+               route_ok=bool(torch.equal(r.chosen(s), ref.chosen)),
+               route_w_err=float((r.chosen_weights(s).double().cpu() - ref.weights.cpu()).abs().max()),
+               pad_zero=bool((out[slots < 0].float() == 0).all()), fault=r.fault(s) is not None)
+    row["ok"] = (c["rel_err"] <= reference.MAX_REL_ERR and cr["rel_err"] <= reference.MAX_REL_ERR and row["wrong"] == 0
+                 and row["route_ok"] and row["route_w_err"] <= 1e-4 and row["pad_zero"] and not row["fault"])
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="minimax-m2")
+    ap.add_argument("--widths", default="1-16")
+    ap.add_argument("--timeout", type=float, default=0.2)
+    ap.add_argument("--blocks", type=int, default=0, help="every width's grid (default: the shipped one)")
+    ap.add_argument("--out", default="reports")
+    ap.add_argument("--time", default="", help="widths to time with cold weights, e.g. 1,4,16")
+    a = ap.parse_args()
+    try:  # every input read before any GPU work
+        spec = load_model(a.model)
+        widths = parse_widths(a.widths, spec.max_tokens)
+        timed = parse_widths(a.time, spec.max_tokens, "--time") if a.time.strip() else []
+        spec.check(TP, Experts.ALL)
+        os.environ[tune.ENV] = ",".join(t for t in (os.environ.get(tune.ENV, ""), "SOLO=2") if t)
+        tune.read()
+    except (UsageError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    full = synthetic(spec, seed=3, device=dev)
+    ws = [shard(full, spec, TP, RANK, Experts.ALL, device=dev)]
+    expect = own_shard_only(full, spec)
+    del full
+    solo = Solo(spec, widths, a.blocks, a.timeout, dev)
+    rows = []
+    try:
+        t0 = time.perf_counter()
+        solo.r.warm(ws[0], compute_units=sms)  # refuses a grid that is not resident
+        print(f"{torch.cuda.get_device_name(dev)}: {sms} SMs, rank {RANK} of TP{TP} alone (SOLO=2), "
+              f"grids {sorted({solo.r.keys[s].blocks for s in widths})} resident, warm {time.perf_counter() - t0:.1f}s",
+              flush=True)
+        cache: dict = {}
+        for s in widths:
+            rows.append(dict(check="step", width=s, **check(solo, s, 1000 * s + 7, expect, spec, ws, cache)))
+        if timed:
+            del expect
+            cache.clear()
+            wsets = [ws] + [[shard(synthetic(spec, seed=3 + i, device=dev), spec, TP, RANK, Experts.ALL, device=dev)]
+                            for i in range(1, ROTATE_SETS_GPU)]
+            for s in timed:
+                us = cold_step_us(solo, spec, s, wsets)
+                d = solo.r.describe(s)
+                regs, spills = d.get("n_regs"), d.get("n_spills")
+                print(f"   timed w={s}: {us:.1f} us per step ({len(wsets)} weight sets, SOLO proxy; grid "
+                      f"{solo.r.keys[s].blocks}, {regs} registers, {spills} spilled)", flush=True)
+                rows.append(dict(check="step time, cold weights (SOLO proxy)", width=s, step_us=round(us, 1),
+                                 grid=solo.r.keys[s].blocks, regs=regs, spills=spills))
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        solo.close()
+    df = pd.DataFrame(rows)
+    checks = df["ok"].dropna().astype(bool)
+    passed = int(checks.sum())
+    verdict = f"{'PASS' if passed == len(checks) else 'FAIL'} {passed}/{len(checks)}"
+    meta = {"command": report.command_line(["python", *sys.argv]), "git_commit": report.git_commit(),
+            "machine": report.machine_info(), "tune": os.environ[tune.ENV],
+            "config": {"model": a.model, "tp": TP, "rank": RANK, "solo": True, "timeout_s": a.timeout,
+                       "widths": a.widths}}
+    notes = [f"Rank {RANK}'s TP{TP} build alone on one GPU with its exchanges and handshake as the identity "
+             "(SOLO=2): its output is its own partial, checked against that; step_us leaves out both link "
+             "latencies and the peer's skew, so it compares build choices of one call, not a 2xH200 step time."]
+    path = report.write_report(a.out, "tp2-solo", "triton", TP, df, meta=meta, verdict=verdict, notes=notes)
+    print(df.to_string(index=False))
+    print(f"{verdict}: {path}", flush=True)
+    return 0 if passed == len(checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

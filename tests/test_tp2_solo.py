@@ -1,0 +1,70 @@
+"""scripts/tp2_solo.py: bad input named before any GPU work; the SOLO=2 TP2 build computes what the
+script's reference says (rank 0's own part and its shard's partial), in Triton's interpreter."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ffnq.spec import Experts, load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--time", "1-20"], {}, "error: --time '1-20': 1-20 outside 1..16"),
+    (["--widths", "0"], {}, "error: --widths '0': 0 outside 1..16"),
+    (["--model", "nosuch"], {}, "error: model 'nosuch': no such file; known models:"),
+    ([], {"FFNQ_TRITON_TUNE": "NOPE=1"}, "error: FFNQ_TRITON_TUNE key 'NOPE': no build reads it")])
+def test_bad_input_named_before_any_step(args, env, message, tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "tp2_solo.py"), *args, "--out", str(tmp_path / "r")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=os.environ | {"PYTHONPATH": str(ROOT)} | env)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+@pytest.mark.parametrize("tune, slots", [("SOLO=2", [0, -1, 2]), ("SOLO=2,FR=2", [1, -1])])
+def test_interpreter_solo_build_is_its_ranks_partial(tune, slots, monkeypatch):
+    """Rank 0's TP2 build with SOLO=2, alone on the CPU: its residual is its own part's, its MoE
+    output its shard's partial (tp2_solo.own_shard_only's reference), routing and route weights
+    the reference's, padding rows 0; under FR=2 too (the whole rows read from its own part)."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
+    import torch
+    from tp2_solo import own_shard_only
+
+    from ffnq import reference
+    from ffnq.backends import symm
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.backends.triton import geometry as G
+    from ffnq.weights import shard, synthetic
+    spec, slots = load_model("tiny"), torch.tensor(slots)
+    S = len(slots)
+    buf = torch.zeros(TritonRunner.peer_bytes(spec, 2), dtype=torch.uint8)
+    symm.BUFFERS[buf.data_ptr()] = buf
+    try:
+        peers = torch.tensor([buf.data_ptr()] * 2, dtype=torch.int64)
+        r = TritonRunner(2, 0, buf.data_ptr(), peers, "cpu", widths=[S], model=spec)
+        g = G.geometry(r.keys[S])
+        assert g["SOLO"] and g["FR"] == ("FR" in tune)
+        full = synthetic(spec, seed=6)
+        gen = torch.Generator().manual_seed(8)
+        part = torch.randn(S, spec.hidden, generator=gen).bfloat16()
+        resid = torch.randn(S, spec.hidden, generator=gen).bfloat16()
+        out, res = r(part, resid, shard(full, spec, 2, 0, Experts.ALL), slots)
+        ref = reference.step([part], resid, slots, own_shard_only(full, spec), spec)
+        whole = reference.step([part], resid, slots, full, spec)
+        live = torch.nonzero(slots >= 0).flatten()
+        assert reference.compare(out, ref.out, rows=live)["rel_err"] < 1e-2
+        assert reference.compare(out, whole.out, rows=live)["rel_err"] > 0.1  # not the whole MoE output
+        assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
+        assert torch.equal(r.view(S, "route").long(), ref.chosen)
+        assert (r.chosen_weights(S).double() - ref.weights).abs().max() <= 1e-4
+        assert (out[slots < 0] == 0).all() and r.fault(S) is None
+    finally:
+        symm.BUFFERS.pop(buf.data_ptr(), None)
