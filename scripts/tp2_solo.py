@@ -10,6 +10,9 @@ rows. So compare variants of one call; never read a step time here as a 2xH200 f
 
     FFNQ_TRITON_TUNE=... python scripts/tp2_solo.py [--widths 1-16] [--time 1,4,16] [--blocks 0]
 
+(``--device cpu`` with TRITON_INTERPRET=1: the checks in Triton's interpreter, as the tests run
+them; no timing there.)
+
 Per width, a fresh random step against the fp64 reference of what the build computes: the
 residual plus rank 0's own part (no seam sum), and the MoE output of rank 0's shard of every
 chosen expert (the reference's weights with rank 1's intermediate rows zeroed), routing and
@@ -72,11 +75,16 @@ def own_shard_only(full, spec):
     return dataclasses.replace(full, w1=w1, w3=w3)
 
 
+def sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def check(solo, s, seed, expect, spec, ws, cache) -> dict:
     parts, resid, slots = inputs(spec, s, seed, solo.dev)
     outs = poisoned(parts, resid)
     solo.launch(parts, resid, ws, slots, outs)
-    torch.cuda.synchronize(solo.dev)
+    sync(solo.dev)
     r, (out, res) = solo.r, outs[RANK]
     ref = reference.step(parts[RANK:RANK + 1], resid, slots, expect, spec, Experts.ALL, cache=cache,
                          follow=r.chosen(s))
@@ -99,20 +107,26 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=0, help="every width's grid (default: the shipped one)")
     ap.add_argument("--out", default="reports")
     ap.add_argument("--time", default="", help="widths to time with cold weights, e.g. 1,4,16")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the interpreter's checks")
     a = ap.parse_args()
     try:  # every input read before any GPU work
         spec = load_model(a.model)
         widths = parse_widths(a.widths, spec.max_tokens)
         timed = parse_widths(a.time, spec.max_tokens, "--time") if a.time.strip() else []
         spec.check(TP, Experts.ALL)
+        if a.device == "cpu" and (os.environ.get("TRITON_INTERPRET") != "1" or timed):
+            raise UsageError("--device cpu: runs the checks in Triton's interpreter only (TRITON_INTERPRET=1, "
+                             "no --time)")
         os.environ[tune.ENV] = ",".join(t for t in (os.environ.get(tune.ENV, ""), "SOLO=2") if t)
         tune.read()
     except (UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
+    sms, name = None, "cpu (Triton's interpreter)"
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        sms, name = torch.cuda.get_device_properties(dev).multi_processor_count, torch.cuda.get_device_name(dev)
     full = synthetic(spec, seed=3, device=dev)
     ws = [shard(full, spec, TP, RANK, Experts.ALL, device=dev)]
     expect = own_shard_only(full, spec)
@@ -122,9 +136,9 @@ def main() -> int:
     try:
         t0 = time.perf_counter()
         solo.r.warm(ws[0], compute_units=sms)  # refuses a grid that is not resident
-        print(f"{torch.cuda.get_device_name(dev)}: {sms} SMs, rank {RANK} of TP{TP} alone (SOLO=2), "
-              f"grids {sorted({solo.r.keys[s].blocks for s in widths})} resident, warm {time.perf_counter() - t0:.1f}s",
-              flush=True)
+        grids = sorted({solo.r.keys[s].blocks for s in widths})
+        print(f"{name}: rank {RANK} of TP{TP} alone (SOLO=2), grids {grids}"
+              + (f" resident on {sms} SMs" if sms else "") + f", warm {time.perf_counter() - t0:.1f}s", flush=True)
         cache: dict = {}
         for s in widths:
             rows.append(dict(check="step", width=s, **check(solo, s, 1000 * s + 7, expect, spec, ws, cache)))

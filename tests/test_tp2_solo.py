@@ -17,7 +17,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
     (["--time", "1-20"], {}, "error: --time '1-20': 1-20 outside 1..16"),
     (["--widths", "0"], {}, "error: --widths '0': 0 outside 1..16"),
     (["--model", "nosuch"], {}, "error: model 'nosuch': no such file; known models:"),
-    ([], {"FFNQ_TRITON_TUNE": "NOPE=1"}, "error: FFNQ_TRITON_TUNE key 'NOPE': no build reads it")])
+    ([], {"FFNQ_TRITON_TUNE": "NOPE=1"}, "error: FFNQ_TRITON_TUNE key 'NOPE': no build reads it"),
+    (["--device", "cpu"], {"TRITON_INTERPRET": "0"}, "error: --device cpu: runs the checks in Triton's interpreter")])
 def test_bad_input_named_before_any_step(args, env, message, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "tp2_solo.py"), *args, "--out", str(tmp_path / "r")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -68,3 +69,20 @@ def test_interpreter_solo_build_is_its_ranks_partial(tune, slots, monkeypatch):
         assert (out[slots < 0] == 0).all() and r.fault(S) is None
     finally:
         symm.BUFFERS.pop(buf.data_ptr(), None)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+def test_interpreter_script_end_to_end(tmp_path):
+    """The script itself on the CPU (--device cpu, the interpreter): its checks at one token and
+    at three with a padding row pass, and it writes its report; --time is refused there."""
+    env = os.environ | {"PYTHONPATH": str(ROOT), "FFNQ_TRITON_TUNE": ""}
+    run = [sys.executable, str(ROOT / "scripts" / "tp2_solo.py"), "--model", "tiny", "--device", "cpu",
+           "--out", str(tmp_path / "r")]
+    r = subprocess.run([*run, "--widths", "1,3"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS 2/2" in r.stdout
+    (folder,) = (tmp_path / "r").iterdir()
+    assert folder.name.endswith("-tp2-solo-triton-tp2") and (folder / "results.csv").is_file()
+    r = subprocess.run([*run, "--widths", "1", "--time", "1"], cwd=ROOT, capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 2 and "interpreter only" in r.stderr
