@@ -216,6 +216,9 @@ def main() -> int:
         spec = load_model(a.model)
         widths = parse_widths(a.widths, spec.max_tokens)
         timed = parse_widths(a.time, spec.max_tokens, "--time") if a.time.strip() else []
+        if not torch.cuda.is_available():
+            raise UsageError("this host has no CUDA GPU: both ranks run on one (the CPU's TP2 checks are "
+                             "tests/test_triton_offline.py's, TRITON_INTERPRET=1)")
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -119,6 +119,9 @@ def main() -> int:
                              "no --time)")
         os.environ[tune.ENV] = ",".join(t for t in (os.environ.get(tune.ENV, ""), "SOLO=2") if t)
         tune.read()
+        if a.device == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda: this host has no CUDA GPU (the checks alone: --device cpu with "
+                             "TRITON_INTERPRET=1)")
     except (UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ffnq.spec import Experts, load_model
 
@@ -20,6 +21,16 @@ sys.path.insert(0, str(ROOT / "scripts"))
     ([], {"FFNQ_TRITON_TUNE": "NOPE=1"}, "error: FFNQ_TRITON_TUNE key 'NOPE': no build reads it"),
     (["--device", "cpu"], {"TRITON_INTERPRET": "0"}, "error: --device cpu: runs the checks in Triton's interpreter")])
 def test_bad_input_named_before_any_step(args, env, message, tmp_path):
+    _run_refused(args, env, message, tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU host would run it")
+def test_no_gpu_named(tmp_path):
+    _run_refused(["--widths", "1"], {"TRITON_INTERPRET": "0"}, "error: --device cuda: this host has no CUDA GPU",
+                 tmp_path)
+
+
+def _run_refused(args, env, message, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "tp2_solo.py"), *args, "--out", str(tmp_path / "r")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env=os.environ | {"PYTHONPATH": str(ROOT)} | env)
@@ -36,7 +47,6 @@ def test_interpreter_solo_build_is_its_ranks_partial(tune, slots, monkeypatch):
     output its shard's partial (tp2_solo.own_shard_only's reference), routing and route weights
     the reference's, padding rows 0; under FR=2 too (the whole rows read from its own part)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
-    import torch
     from tp2_solo import own_shard_only
 
     from ffnq import reference
