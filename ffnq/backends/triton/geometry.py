@@ -180,9 +180,11 @@ def geometry(key) -> dict:
     # (off unless asked: not timed yet) a CTA's chunk of the all-reduced rows is not the whole rows,
     # so each CTA also waits for every peer's whole rows (their LL words: LL only) and sums them;
     # one token only there: at two, minimax-m2's TP2 build spills 92-112 B at 255 registers
-    most = 2 if key.tp == 1 or tune.get("SOLO") == 2 else 1
+    # SOLO (below, with the other protocol switches): a build without its exchanges
+    solo = key.tp == 1 and bool(tune.get("SOLO", 1)) or tune.get("SOLO") == 2
+    most = 2 if key.tp == 1 or solo else 1
     fr = int(key.tokens <= min(most, tune.get("FR", 2 if key.tp == 1 else 0)))
-    if fr and key.tp > 1 and not tune.get("LL", 1) and tune.get("SOLO") != 2:
+    if fr and key.tp > 1 and not tune.get("LL", 1) and not solo:
         raise ValueError("FFNQ_TRITON_TUNE FR at TP > 1 reads the peers' rows as LL words: it needs LL=1")
     rowtop = rt >= tune.get("RTOP", 2) and not fr
     # CTAs per row in that pick: at most RPG (v18: 16; the grid's share, 64 at 4 rows, left the
@@ -303,7 +305,7 @@ def geometry(key) -> dict:
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
                  LL=bool(tune.get("LL", 1)), PRE=bool(tune.get("PRE", 1)), PLR=tune.get("PLR", 2),
-                 SOLO=key.tp == 1 and bool(tune.get("SOLO", 1)) or tune.get("SOLO") == 2, FR=fr, KH=kh, A8=a8,
+                 SOLO=solo, FR=fr, KH=kh, A8=a8,
                  A8T=a8t, DQ=dq, HP=hp,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
                  EW=bool(tune.get("EW", int(key.tp == 1))))

@@ -204,6 +204,38 @@ def _late(tag, e, src, missing, neg):
 
 
 @triton.jit
+def _look(p, m2, e, LL: tl.constexpr, VALS: tl.constexpr):
+    """One look at a source (_read) and its tag (_tag); VALS (LL): the words' values as bf16, not
+    the 64-bit words (what _wait_rows carries: a CTA holds 4096 words a row)."""
+    v = _read(p, m2, LL)
+    if VALS:
+        x = (v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        x = v
+    return x, _tag(v, m2, e, LL)
+
+
+@triton.jit
+def _poll_source(p, m2, e, t0, deadline, fault, IS_HIP: tl.constexpr, INTERP: tl.constexpr, CHK: tl.constexpr,
+          LL: tl.constexpr, VALS: tl.constexpr):
+    """Look at one source until it carries e or -e or the wait expires (_expire): its last look
+    (_look) and tag, and the deadline (t0 - 1 once expired)."""
+    v, tag = _look(p, m2, e, LL, VALS)
+    done = (tag == e) | (tag == -e)
+    n = 0
+    while not done:
+        deadline = _expire(n, t0, deadline, fault, e, IS_HIP, INTERP, CHK)
+        if deadline < t0:
+            done = True
+        else:
+            _backoff(IS_HIP, INTERP)
+            v, tag = _look(p, m2, e, LL, VALS)
+            done = (tag == e) | (tag == -e)
+            n += 1
+    return v, tag, deadline
+
+
+@triton.jit
 def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, base, PHASE: tl.constexpr,
                 P_FLAGS: tl.constexpr, P_FBOX: tl.constexpr, TP: tl.constexpr, FLAGB: tl.constexpr,
                 SLOT: tl.constexpr, SEEN0: tl.constexpr, IS_HIP: tl.constexpr, INTERP: tl.constexpr,
@@ -228,20 +260,7 @@ def _wait_peers(peers, fault, pid, rank, e, timeout_ns, tl_row, offs, m2, base, 
         else:
             p = _as(mine, P_FLAGS + ((PHASE * FLAGB + pid) * TP + src) * 4, tl.int32)
         if src != rank:
-            v = _read(p, m2, LL)
-            tag = _tag(v, m2, e, LL)
-            done = (tag == e) | (tag == -e)
-            n = 0
-            while not done:
-                deadline = _expire(n, t0, deadline, fault, e, IS_HIP, INTERP, CHK)
-                if deadline < t0:
-                    done = True
-                else:
-                    _backoff(IS_HIP, INTERP)
-                    v = _read(p, m2, LL)
-                    tag = _tag(v, m2, e, LL)
-                    done = (tag == e) | (tag == -e)
-                    n += 1
+            v, tag, deadline = _poll_source(p, m2, e, t0, deadline, fault, IS_HIP, INTERP, CHK, LL, False)
             missing, neg = _late(tag, e, src, missing, neg)
         elif LL:
             v = _read(p, m2, LL)
@@ -309,10 +328,9 @@ def _wait_rows(peers, fault, pid, rank, e, timeout_ns, offs, m2, own, base, PHAS
     seam's sum of each chunk, for every chunk), once each peer's tagged words in its slot (base +
     src x SLOT bytes) all carry e, bounded as _wait_peers (a rank that has faulted takes one
     look; the first fault is the one recorded). This rank's own term is ``own`` (its part, bf16):
-    its slot's other chunks are other CTAs' pushes, maybe not made yet. _wait_peers' loop, but a
-    look keeps each word's value as bf16 and its tags' verdict, not the 64-bit words (a CTA holds
-    4096 a row: carried, they spilled minimax-m2's TP2 build); _wait_peers' own loop is left as
-    the timed builds have it."""
+    its slot's other chunks are other CTAs' pushes, maybe not made yet. _wait_peers' _poll_source, a look
+    keeping the words' values as bf16 (_look's VALS): carried as 64-bit words they spilled
+    minimax-m2's TP2 build."""
     mine = _peer_base(peers, rank)
     t0 = now_u(IS_HIP, INTERP)
     deadline = t0 + timeout_ns
@@ -326,22 +344,7 @@ def _wait_rows(peers, fault, pid, rank, e, timeout_ns, offs, m2, own, base, PHAS
             acc += own.to(tl.float32)
         else:
             p = _as(mine, base + src * SLOT, tl.int64) + offs
-            v = tl.load(p, mask=m2, other=0, volatile=True)
-            x = (v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
-            tag = _tag(v, m2, e, True)
-            done = (tag == e) | (tag == -e)
-            n = 0
-            while not done:
-                deadline = _expire(n, t0, deadline, fault, e, IS_HIP, INTERP, CHK)
-                if deadline < t0:
-                    done = True
-                else:
-                    _backoff(IS_HIP, INTERP)
-                    v = tl.load(p, mask=m2, other=0, volatile=True)
-                    x = (v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
-                    tag = _tag(v, m2, e, True)
-                    done = (tag == e) | (tag == -e)
-                    n += 1
+            x, tag, deadline = _poll_source(p, m2, e, t0, deadline, fault, IS_HIP, INTERP, CHK, True, True)
             missing, neg = _late(tag, e, src, missing, neg)
             acc += x.to(tl.float32)
     tl.debug_barrier()
