@@ -51,15 +51,17 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert G.measured("minimax-m2", 2, 2) == {"EW": 1, "SPS": 2}
     # v28: items from one counter at TP1's 4-15 tokens (v27's per-stage counters were slower at 3
     # tokens; one counter gains nothing at 1-3); v36: at 16 too (timed in bursts, dev round 99);
-    # v43: at 3 with stage-2 items in two halves of I (KH, v42 at 4: dev rounds 109-112)
+    # v43: at 3 with stage-2 items in two halves of I (KH, v42 at 4: dev rounds 109-112); v45: TP2's
+    # 3 the same (dev round 118, the solo proxy)
     geo = {(tp, s): G.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
     dq = {k: g["DQ"] for k, g in geo.items()}
     assert [s for s in range(1, 17) if dq[1, s]] == list(range(3, 17))
-    assert [s for (tp, s), g in geo.items() if g["KH"] != 1] == [3, 4]
+    assert [(tp, s) for (tp, s), g in geo.items() if g["KH"] != 1] == [(1, 3), (1, 4), (2, 3)]
+    assert dq[2, 3]
     # v44: each item's header read at the end of the item before, both stages, at TP1's 5-16
     # tokens (dev rounds 113-114); TP2 unmeasured
     assert {k: g["HP"] for k, g in geo.items() if g["HP"]} == {(1, s): 3 for s in range(5, 17)}
-    assert [s for s in range(1, 17) if dq[2, s]] == list(range(4, 17))  # v39, in the one-GPU proxy
+    assert [s for s in range(1, 17) if dq[2, s]] == list(range(3, 17))  # v39 (4-16) and v45, proxies
     # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens (v31: 4-6 and 9-11, dev
     # rounds 75-77; v37: 7-8 and 12-16, dev round 100); three at 1-3 (three CTAs per SM); TP2 four,
     # but five / four at 5 and 7-16 (v39; six tokens' build would take 122 KB, one CTA per SM), at
@@ -168,8 +170,9 @@ def test_x_terms(monkeypatch):
 
 def test_partial_logits_over_live_rows(monkeypatch):
     """PLR: phase A's partial logits as FMAs over the live row tile where it is at most PLR rows
-    (v19: 1-2 tokens; v34: TP1's 3-6 tokens, v35 its 7-16, v39 TP2's 3-6, from
-    configs/triton-measured.toml), a 16-row dot elsewhere (TP2's 7-16: 16 rows cost 3-4% there)."""
+    (v19: 1-2 tokens; v34: TP1's 3-6 tokens, v35 its 7-16, v39 TP2's 3-6, v46 its 7-16 from the
+    solo proxy, where the pair proxy's spilling builds had priced it 3-4% slower; from
+    configs/triton-measured.toml)."""
     spec = load_model("minimax-m2")
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
 
@@ -177,7 +180,7 @@ def test_partial_logits_over_live_rows(monkeypatch):
         gs = {s: G.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for s in range(1, 17)}
         return [s for s, g in gs.items() if g["RT"] <= g["PLR"]]
     assert fma_rows(1) == list(range(1, 17))
-    assert fma_rows(2) == list(range(1, 7))
+    assert fma_rows(2) == list(range(1, 17))
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR@7=4")
     assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 7))["PLR"] == 4
 
@@ -196,15 +199,17 @@ def test_dropped_keys_are_gone_and_a8_is_checked(monkeypatch):
 
 def test_a_measured_register_cap(monkeypatch):
     """R in a row of configs/triton-measured.toml caps that width's registers on NVIDIA (v43: TP1's
-    three tokens at 168, so three CTAs per SM fit); FFNQ_TRITON_TUNE's R<w> or R@w is over it."""
+    three tokens at 168, so three CTAs per SM fit; v45: TP2's three tokens the same);
+    FFNQ_TRITON_TUNE's R<w> or R@w is over it."""
     spec = load_model("minimax-m2")
 
-    def opts(s, hip=False):
-        key = offline.build_key(spec, 1, Experts.ALL, s)
+    def opts(s, hip=False, tp=1):
+        key = offline.build_key(spec, tp, Experts.ALL, s)
         return G.launch_options(offline.constexprs_for(key, hip), key)
 
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     assert opts(3)["maxnreg"] == 168 and "maxnreg" not in opts(4) and "maxnreg" not in opts(3, hip=True)
+    assert opts(3, tp=2)["maxnreg"] == 168 and "maxnreg" not in opts(2, tp=2)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "R3=200,R@4=160")
     assert opts(3)["maxnreg"] == 200 and opts(4)["maxnreg"] == 160 and "maxnreg" not in opts(5)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "R=150")
