@@ -181,8 +181,14 @@ def test_partial_logits_over_live_rows(monkeypatch):
         return [s for s, g in gs.items() if g["RT"] <= g["PLR"]]
     assert fma_rows(1) == list(range(1, 17))
     assert fma_rows(2) == list(range(1, 17))
+    # over chunks wider than 16 columns (an H20's grid of 156: 20) the table's PLR stops at two
+    # rows (its FMAs spilled there, 78 SMs offline); the 16-column grids keep it
+    plr = {b: [G.geometry(offline.build_key(spec, tp, Experts.ALL, s, blocks=b))["PLR"] for tp in (1, 2) for s in (2, 5, 9)]
+           for b in (156, 132, 192, 228, 264)}
+    assert plr[156] == plr[132] == [2] * 6 and plr[192] == plr[228] == plr[264] == [2, 8, 16] * 2
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR@7=4")
     assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 7))["PLR"] == 4
+    assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 7, blocks=156))["PLR"] == 4  # as asked
 
 
 def test_dropped_keys_are_gone_and_a8_is_checked(monkeypatch):
