@@ -303,9 +303,9 @@ def geometry(key) -> dict:
     # bit 2 stage 1 (there with the route weights its epilogue needs read before its loop)
     hp = _allowed("HP", tune.get("HP", 0), (0, 1, 2, 3), "0 (off), 1 (stage 2), 2 (stage 1) or 3 (both)")
     # PLR's FMAs hold [rows, CHP2, E] products: over chunks of more than 16 columns (a grid under
-    # H / 16 CTAs: an H20's 156, the pair proxy's 132) they spilled from 3-4 rows (sm_90 offline,
-    # 78 SMs, the table's PLR: 16-656 B at TP1's 4-16 and TP2's 3-16 tokens; none with the 16-row
-    # dot), so there the table's PLR stops at two rows; FFNQ_TRITON_TUNE's PLR is taken as asked
+    # H / 16 CTAs: an H20's 156, the pair proxy's 132) they spilled from four rows (sm_90 offline,
+    # 78 SMs, the table's PLR: 16-656 B at TP1's and TP2's 4-16 tokens; none with the 16-row dot),
+    # so there the table's PLR stops at two rows; FFNQ_TRITON_TUNE's PLR is taken as asked
     plr = tune.get("PLR", 2)
     if max(16, _p2(ch)) > 16 and "PLR" not in read_tune(key.tokens):
         plr = min(plr, 2)
