@@ -9,6 +9,8 @@
 # folders go into $OUT/batch.tgz (group N under N/), rewritten after every group so that a call
 # cut short keeps the groups done; its timed and checked lines are printed here.
 set -o pipefail -o noglob
+# first: its commit guard stops a wrong FFNQ_COMMIT before any group runs
+. "$(dirname "$0")/device_env.sh"
 OUT=${OUT:-/tmp/ffnq-out}
 ROUND=${PROXY_ROUND:-$(dirname "$0")/proxy_round.sh}  # the tests stand a stub in
 D=$(mktemp -d)
