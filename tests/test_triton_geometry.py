@@ -186,6 +186,10 @@ def test_partial_logits_over_live_rows(monkeypatch):
     plr = {b: [G.geometry(offline.build_key(spec, tp, Experts.ALL, s, blocks=b))["PLR"] for tp in (1, 2) for s in (2, 5, 9)]
            for b in (156, 132, 192, 228, 264)}
     assert plr[156] == plr[132] == [2] * 6 and plr[192] == plr[228] == plr[264] == [2, 8, 16] * 2
+    # CDNA's TP2 builds keep the 16-row dot from 9 rows (16 rows of FMAs left gfx950 one CTA per CU)
+    hip = {(tp, s): offline.constexprs_for(offline.build_key(spec, tp, Experts.ALL, s, target="gfx950"), True)["PLR"]
+           for tp in (1, 2) for s in (5, 14)}
+    assert hip == {(1, 5): 8, (1, 14): 16, (2, 5): 8, (2, 14): 8}
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR@7=4")
     assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 7))["PLR"] == 4
     assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 7, blocks=156))["PLR"] == 4  # as asked

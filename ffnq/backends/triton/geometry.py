@@ -398,6 +398,11 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
         g["F8"], g["A8"] = False, 0
         g["SQ"] = max(g["SQ"], 8)  # two fp16 x terms: N = 2 x SQ >= 16
+        if key.tp > 1:
+            # TP2's partial logits as FMAs over 16 rows (v46, timed on an H100 only) took 260
+            # VGPRs at 14-15 tokens on gfx950: one CTA per CU, 264 do not fit its 256 (CI's
+            # offline warm); CDNA keeps the 16-row dot there, FMAs up to 8 rows (v39)
+            g["PLR"] = min(g["PLR"], 8)
     if is_hip or interp:  # griddepcontrol and the fence are sm_90 PTX
         g["PDL"] = g["FENCE"] = False
     if is_hip:  # tagged words need 8-byte single-copy atomicity across the link: shown on NVLink only
