@@ -307,7 +307,8 @@ def geometry(key) -> dict:
     # 78 SMs, the table's PLR: 16-656 B at TP1's and TP2's 4-16 tokens; none with the 16-row dot),
     # so there the table's PLR stops at two rows; FFNQ_TRITON_TUNE's PLR is taken as asked
     plr = tune.get("PLR", 2)
-    if max(16, _p2(ch)) > 16 and "PLR" not in read_tune(key.tokens):
+    chp2 = max(16, _p2(ch))  # the chunk's column tile
+    if chp2 > 16 and "PLR" not in read_tune(key.tokens):
         plr = min(plr, 2)
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
@@ -346,7 +347,7 @@ def geometry(key) -> dict:
     # the bytes of a stage-1 step, so the same shared memory holds more of them)
     return dict(BH=bh, JB=jb, SQ=sq, NS=ns, NS2=tune.get("NS2", ns), H=H, E=E, EP2=_p2(E), K=m.top_k,
                 KP2=_p2(m.top_k), I_R=i_r, MODE=MODES[mode], NLOC=nloc, TP=key.tp, MT=m.max_tokens, BLOCKS=blocks,
-                NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=max(16, _p2(ch)), EPC=epc, EPCP2=epcp2, RT=rt,
+                NCH=nch, NCHP2=_p2(nch), CH=ch, CHP2=chp2, EPC=epc, EPCP2=epcp2, RT=rt,
                 BN=bn, EPS=float(m.eps), NSLOT=nslot, KS=ks, ROWTOP=rowtop, NSL=nsl,
                 NSYNC=nsync, QOFF=qoff, PS=ps, PSO=pso, SPS=sps,
                 NSLP2=max(_p2(nsl), 32 * NUM_WARPS) if ps == 2 else _p2(nsl), SEG=seg, SEGP2=_p2(seg), SACC=sacc, F8=f8, HP2=_p2(H), SHIFT=1.0 if sacc else float(2 ** SCALE_SHIFT),

@@ -217,7 +217,7 @@ def _look(p, m2, e, LL: tl.constexpr, VALS: tl.constexpr):
 
 @triton.jit
 def _poll_source(p, m2, e, t0, deadline, fault, IS_HIP: tl.constexpr, INTERP: tl.constexpr, CHK: tl.constexpr,
-          LL: tl.constexpr, VALS: tl.constexpr):
+                 LL: tl.constexpr, VALS: tl.constexpr):
     """Look at one source until it carries e or -e or the wait expires (_expire): its last look
     (_look) and tag, and the deadline (t0 - 1 once expired)."""
     v, tag = _look(p, m2, e, LL, VALS)
@@ -328,8 +328,8 @@ def _wait_rows(peers, fault, pid, rank, e, timeout_ns, offs, m2, own, base, PHAS
     seam's sum of each chunk, for every chunk), once each peer's tagged words in its slot (base +
     src x SLOT bytes) all carry e, bounded as _wait_peers (a rank that has faulted takes one
     look; the first fault is the one recorded). This rank's own term is ``own`` (its part, bf16):
-    its slot's other chunks are other CTAs' pushes, maybe not made yet. _wait_peers' _poll_source, a look
-    keeping the words' values as bf16 (_look's VALS): carried as 64-bit words they spilled
+    its slot's other chunks are other CTAs' pushes, maybe not made yet. _wait_peers' _poll_source,
+    a look keeping the words' values as bf16 (_look's VALS): carried as 64-bit words they spilled
     minimax-m2's TP2 build."""
     mine = _peer_base(peers, rank)
     t0 = now_u(IS_HIP, INTERP)
