@@ -387,6 +387,10 @@ def compare(
                 if b.get("config", {}).get(k) != n.get("config", {}).get(k)}
         if diff:
             notes.append(f"the runs differ in {diff}: compare with care")
+        gpus = table[(table.kind == "machine") & (table.verdict == "changed")]
+        if len(gpus):
+            notes.append(f"the runs ran on other GPU models ({gpus.base.iloc[0]} -> {gpus.new.iloc[0]}): their "
+                         "latencies are the machines', not the kernel's")
         verdict = f"{len(table)} rows: " + (cmp.counts(table) or "no change")
         show_table(table, json_out=json_out, title=f"compare {b['job']}: {Path(base).name} -> {Path(new).name}")
         # the plot is drawn inside the report's temp folder: one that fails leaves no half-written report

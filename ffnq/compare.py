@@ -16,6 +16,8 @@ moved the p50 by 9% (dev round 116); a latency delta beside a changed workload i
 A width timed in one report only is a ``new`` or ``gone`` row (a gate fails a gone one: the base's
 width no longer judged). Qualify reports: a case that changed status (``regressed`` PASS -> FAIL,
 ``fixed``, ``new``, ``gone``). Warm reports: a width whose residency or CTAs per CU changed.
+Every job: a ``machine`` row where both reports name their host's GPUs, ``changed`` where the GPU
+models differ (an H100's p50 is no regression of an H200's: its HBM reads 3.11 TB/s, not 4.4).
 """
 from __future__ import annotations
 
@@ -140,6 +142,22 @@ def warm_rows(base: pd.DataFrame, new: pd.DataFrame) -> list[dict]:
     return rows
 
 
+def gpu_models(doc: dict) -> str | None:
+    """The GPU models of a report's host ("NVIDIA H200"; "no GPU"), None where it does not say."""
+    m = doc.get("machine")
+    if not isinstance(m, dict) or not isinstance(m.get("gpus"), list):
+        return None
+    return ", ".join(sorted({str(g["name"]) for g in m["gpus"] if isinstance(g, dict) and g.get("name")})) or "no GPU"
+
+
+def machine_rows(base: dict, new: dict) -> list[dict]:
+    gb, gn = gpu_models(base), gpu_models(new)
+    if gb is None or gn is None:
+        return []
+    return [{"kind": "machine", "key": "gpus", "metric": "model", "base": gb, "new": gn, "delta_pct": None,
+             "band_pct": None, "verdict": "same" if gb == gn else "changed"}]
+
+
 def compare(base: dict, new: dict) -> pd.DataFrame:
     jb, jn = base.get("job"), new.get("job")
     if jb != jn:
@@ -151,7 +169,7 @@ def compare(base: dict, new: dict) -> pd.DataFrame:
     if jb == "bench" and not (tb.p50_us.notna().any() or tn.p50_us.notna().any()):
         raise UsageError(f"compare {base.get('folder', 'base')} -> {new.get('folder', 'new')}: neither report "
                          "timed a width (no p50_us); nothing to compare")
-    return pd.DataFrame(rows(tb, tn), columns=COLUMNS)
+    return pd.DataFrame(machine_rows(base, new) + rows(tb, tn), columns=COLUMNS)
 
 
 def counts(table: pd.DataFrame) -> str:

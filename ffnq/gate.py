@@ -3,6 +3,8 @@
 A config (configs/gates/*.toml):
 
     name = "cpu-tp2"
+    device = "H200"           # optional: every GPU the jobs use must name this (exit 2 before any
+                              # job runs where one does not: budgets hold for one GPU model)
     [options]                 # every job's options (the verbs' long names, '-' or '_')
     backend = "cpu"
     [[job]]                   # in order; a job's keys override [options]
@@ -40,7 +42,7 @@ from ffnq.errors import UsageError
 from ffnq.spec import is_int, is_number
 
 VERBS = ("warm", "qualify", "bench")
-SECTIONS = {"name", "options", "job", "thresholds", "compare"}
+SECTIONS = {"name", "device", "options", "job", "thresholds", "compare"}
 OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout", "seed", "inject_rank", "layers",
                "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint"}
 THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
@@ -90,6 +92,9 @@ def load_gate(path: str | Path) -> dict:
                          f"{', '.join(sorted(SECTIONS))}")
     if not isinstance(cfg.get("name", ""), str):
         raise UsageError(f"gate config {p}: name = {cfg['name']!r}: need a string")
+    device = cfg.get("device")
+    if device is not None and not (isinstance(device, str) and device.strip()):
+        raise UsageError(f"gate config {p}: device = {device!r}: need a GPU model's name, e.g. 'H200'")
     norm = lambda d: {k.replace("-", "_"): v for k, v in d.items()}  # noqa: E731
     base = norm(_table(p, cfg, "options"))
     _check_options(p, "[options]", base)
@@ -128,7 +133,32 @@ def load_gate(path: str | Path) -> dict:
         cmp[verb] = str(path)
     _check_thresholds(p, th, out, cmp)
     _check_bases(p, cmp)
-    return {"name": cfg.get("name", p.stem), "path": str(p), "jobs": out, "thresholds": th, "compare": cmp}
+    return {"name": cfg.get("name", p.stem), "path": str(p), "device": device, "jobs": out, "thresholds": th,
+            "compare": cmp}
+
+
+def check_device(cfg: dict, jobs: list) -> None:
+    """A config that names its device runs only where every GPU its jobs use is one: its p50
+    budgets and [compare] bases hold for one GPU model (an H200's budgets fail every width of an
+    H100 after minutes of jobs, for a reason no check names)."""
+    from ffnq.launch import GPU_BACKENDS
+
+    want = cfg["device"]
+    if want is None:
+        return
+    if not any(o.backend in GPU_BACKENDS for _, o in jobs):
+        raise UsageError(f"gate config {cfg['path']}: device = {want!r}: its jobs run on "
+                         f"{', '.join(sorted({o.backend for _, o in jobs}))}, not on a GPU backend")
+    import torch
+
+    ranks = max(o.tp // o.nnodes for _, o in jobs)  # the GPUs of this node the jobs use: 0..ranks-1
+    names = [torch.cuda.get_device_name(i) for i in range(min(ranks, torch.cuda.device_count()))] \
+        if torch.cuda.is_available() else []
+    bad = [f"GPU {i} is {n}" for i, n in enumerate(names) if want.lower() not in n.lower()]
+    if not names or bad:
+        raise UsageError(f"gate config {cfg['path']}: device = {want!r}, but "
+                         + ("; ".join(bad) if names else "this host has no GPU")
+                         + ": run a gate whose budgets were measured on this host's GPU")
 
 
 def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: dict) -> None:
@@ -196,13 +226,22 @@ def relative_checks(verb: str, base_path: str, new_path: str, th: dict) -> list[
     rows = []
     table = compare(load(base_path), load(new_path))
     pct = th.get("max_slower_pct")
+    # a base timed on another GPU model judges nothing of this run's p50 (the config's `device` key
+    # refuses such a host before any job runs; without it, the mismatch fails here)
+    gpus = next((r for _, r in table.iterrows() if r.kind == "machine" and r.verdict == "changed"), None)
+    if verb == "bench" and pct is not None and gpus is not None:
+        rows.append({"check": "vs base GPU", "job": verb, "result": "FAIL", "value": f"{gpus.new} (base {gpus.base})",
+                     "threshold": "the base's GPU model", "report": new_path})
     # widths whose steps read other experts than the base's (another seed): no verdict on their p50
     other = {r.key: f"{r.base:g} -> {r.new:g}" for _, r in table.iterrows()
              if r.kind == "workload" and r.verdict == "changed"}
     for _, r in table.iterrows():
         if r.kind == "latency" and r.metric == "p50_us" and pct is not None and r.verdict != "new":
             row = {"check": f"vs base p50 {r.key}", "job": verb, "report": new_path}
-            if r.key in other:
+            if gpus is not None and r.verdict != "gone":
+                row.update(result="SKIP", value=f"{r.new:.1f} us vs {r.base:.1f}, on another GPU",
+                           threshold="the base's GPU model")
+            elif r.key in other:
                 row.update(result="SKIP", value=f"{r.new:.1f} us vs {r.base:.1f}, other inputs (touched experts "
                                                 f"{other[r.key]}: another seed)", threshold="the base's workload")
             elif r.verdict == "gone":  # a width the base judged that this run did not time
@@ -336,6 +375,7 @@ def run_gate(config: str, out: Path, json_out: bool) -> int:
 
     cfg = load_gate(config)
     jobs = [(verb, job_options(o, verb)) for verb, o in cfg["jobs"]]  # every job validated before any runs
+    check_device(cfg, jobs)
     t0 = time.monotonic()
     rows = []
     runners = {"warm": run_warm, "qualify": run_qualify, "bench": run_bench}

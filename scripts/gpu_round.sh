@@ -49,7 +49,12 @@ for s in "$@"; do
     bench2) step $s 200 $FF bench $M --tp 2 --widths 1-16 --rep-ms 300 --out "$R" ;;
     soak1) step $s 320 $FF soak $M --tp 1 --steps ${SOAK_STEPS:-100000} --widths 1-16 --random-padding --runners 2 --deadline 300 --out "$R" ;;
     soak2) step $s 320 $FF soak $M --tp 2 --steps ${SOAK_STEPS:-100000} --widths 1-16 --random-padding --runners 2 --deadline 300 --out "$R" ;;
-    gate1) step $s 300 $FF gate configs/gates/h200-tp1.toml --out "$R" ;;
+    gate1)  # the config whose budgets were measured on this GPU model (each refuses another: exit 2)
+      case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1) in
+        *H100*) G=configs/gates/h100-tp1.toml ;;
+        *) G=configs/gates/h200-tp1.toml ;;
+      esac
+      step $s 300 $FF gate $G --out "$R" ;;
     vllm2|vllm2s)  # baseline (d): vLLM's fused_moe from third_party/ (git-ignored; carry it); vllm2s: small-M config
       [ $s = vllm2s ] && export FFNQ_VLLM_MOE_CONFIG='{"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "GROUP_SIZE_M": 1, "num_stages": 4}'
       export FFNQ_VLLM_MOE=$PWD/third_party/vllm_fused_moe_kernel.py

@@ -71,6 +71,38 @@ def test_a_workload_row_says_when_the_steps_read_other_experts(monkeypatch):
         "vs base p50 w=1": "PASS", "vs base p50 w=2": "FAIL"}
 
 
+def test_a_machine_row_says_when_the_gpu_models_differ(monkeypatch):
+    """Two reports name their hosts' GPUs: compare says whether the models differ (the count does
+    not matter: TP1 ran on one GPU of a 2-GPU host), and the relative gate fails a bench judged
+    against another model's base, its p50 rows SKIP (an H100's p50 is no H200 regression)."""
+    from ffnq import compare as cmp
+    from ffnq.gate import relative_checks
+
+    doc = lambda t, *names: {"job": "bench", "tables": {"results": t},  # noqa: E731
+                             "machine": {"gpus": [{"name": n, "sms": 132} for n in names]}}
+    t = bench_table([100.0, 150.0], [101.0, 151.0])
+    assert compare(doc(t, "NVIDIA H200"), doc(t, "NVIDIA H200", "NVIDIA H200")).iloc[0].to_dict() | {
+        "delta_pct": None, "band_pct": None} == {"kind": "machine", "key": "gpus", "metric": "model",
+                                                   "base": "NVIDIA H200", "new": "NVIDIA H200", "delta_pct": None,
+                                                   "band_pct": None, "verdict": "same"}
+    other = compare(doc(t, "NVIDIA H200"), doc(t, "NVIDIA H100 80GB HBM3"))
+    assert other.iloc[0].verdict == "changed" and counts(other).startswith("machine: 1 changed; latency:")
+    assert compare(doc(t), doc(t, "NVIDIA H200")).iloc[0].base == "no GPU"
+    assert "machine" not in set(compare({"job": "bench", "tables": {"results": t}}, doc(t, "NVIDIA H200")).kind)
+
+    docs = {"b": doc(t, "NVIDIA H200"), "n": doc(bench_table([140.0, 210.0], [141.0, 211.0]), "NVIDIA H100 80GB HBM3")}
+    monkeypatch.setattr(cmp, "load", lambda p: docs[p])
+    rows = {r["check"]: r for r in relative_checks("bench", "b", "n", {"max_slower_pct": 5})}
+    assert rows["vs base GPU"]["result"] == "FAIL"
+    assert rows["vs base GPU"]["value"] == "NVIDIA H100 80GB HBM3 (base NVIDIA H200)"
+    assert {k: r["result"] for k, r in rows.items() if k != "vs base GPU"} == {"vs base p50 w=1": "SKIP",
+                                                                              "vs base p50 w=2": "SKIP"}
+    assert "on another GPU" in rows["vs base p50 w=2"]["value"]
+    docs["n"]["machine"]["gpus"][0]["name"] = "NVIDIA H200"  # the same model: +40% is judged, and fails
+    assert {r["check"]: r["result"] for r in relative_checks("bench", "b", "n", {"max_slower_pct": 5})} == {
+        "vs base p50 w=1": "FAIL", "vs base p50 w=2": "FAIL"}
+
+
 def test_status_and_residency_changes():
     q = lambda st: pd.DataFrame({"case": ["correct", "inject-over r1"], "width": [4, 16], "status": st})  # noqa: E731
     rows = qualify_rows(q(["PASS", "PASS"]), q(["PASS", "FAIL"]))
@@ -202,3 +234,18 @@ def test_bench_phase_split_places_the_experts(tmp_path):
     row = json.JSONDecoder().raw_decode(p.stdout)[0]["rows"][0]
     assert row["check"] == "OK" and 0 < row["none_p50_us"] < row["p50_us"]
     assert abs(row["experts_us"] - (row["p50_us"] - row["none_p50_us"])) < 1e-6
+
+
+def test_compare_names_the_gpu_models_of_two_committed_runs(tmp_path):
+    """TP1's v44 builds through the CLI on an H200 (device round 89) and on an H100 (round 93):
+    every width is slower on the H100, and compare says whose the delta is."""
+    reports = TESTS.parent / "reports"
+    h200, h100 = reports / "20261204T202136368-bench-triton-tp1", reports / "20261205T102917074-bench-triton-tp1"
+    p = ffnq("compare", str(h200), str(h100), "--out", str(tmp_path / "cmp"), tmp=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "the runs ran on other GPU models (NVIDIA H200 -> NVIDIA H100 80GB HBM3)" in " ".join(p.stdout.split())
+    doc = json.loads((next((tmp_path / "cmp").glob("*-compare-*")) / "results.json").read_text())
+    rows = doc["tables"]["results"]
+    assert rows[0] == {"kind": "machine", "key": "gpus", "metric": "model", "base": "NVIDIA H200",
+                       "new": "NVIDIA H100 80GB HBM3", "delta_pct": None, "band_pct": None, "verdict": "changed"}
+    assert {r["verdict"] for r in rows if r["metric"] == "p50_us"} == {"slower"}

@@ -1,5 +1,6 @@
 """gate: config loading and refusals, thresholds, JUnit; real gates pass (0), fail (1), can't run (2)."""
 import re
+from types import SimpleNamespace
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -33,7 +34,7 @@ speedup_unfused_min = 0.05
 """
 
 
-@pytest.mark.parametrize("name", ["cpu-tp2", "h200-tp1", "h200x2-tp2"])
+@pytest.mark.parametrize("name", ["cpu-tp2", "h100-tp1", "h200-tp1", "h200x2-tp2"])
 def test_shipped_gates_load(name):
     cfg = load_gate(GATES / f"{name}.toml")
     assert [v for v, _ in cfg["jobs"]] == ["warm", "qualify", "bench"]
@@ -105,6 +106,8 @@ P50 = "[thresholds]\np50_us_max = 9\n"
     (BENCH + "[thresholds]\nspeedup_stock_min = 0\n", "speedup_stock_min = 0: need a finite number > 0"),
     (BENCH + "[thresholds]\nmax_slower_pct = -1\n", "max_slower_pct = -1: need a finite number >= 0"),
     (BENCH + "[thresholds]\nmax_slower_pct = nan\n", "max_slower_pct = nan: need a finite number >= 0"),
+    ("device = 200\n" + BENCH + P50, "device = 200: need a GPU model's name"),
+    ("device = ' '\n" + BENCH + P50, "device = ' ': need a GPU model's name"),
 ])
 def test_bad_types_and_ranges_refused_at_load(tmp_path, text, match):
     f = tmp_path / "g.toml"
@@ -260,3 +263,38 @@ def test_gate_whose_every_check_is_skipped_does_not_pass(tmp_path):
     assert "every check was skipped" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     doc = ET.parse(one_report(tmp_path / "out", "gate") / "junit.xml").getroot()
     assert doc.get("skipped") == "1" and doc.get("failures") == "0" and doc.find(".//skipped") is not None
+
+
+@pytest.mark.parametrize("names, match", [
+    (["NVIDIA H200"], None), (["NVIDIA H200", "NVIDIA H200"], None),
+    (["NVIDIA H100 80GB HBM3"], "device = 'H200', but GPU 0 is NVIDIA H100 80GB HBM3: run a gate whose budgets"),
+    (["NVIDIA H200", "NVIDIA H100 80GB HBM3"], "device = 'H200', but GPU 1 is NVIDIA H100 80GB HBM3:"),
+    ([], "device = 'H200', but this host has no GPU"),
+])
+def test_a_gate_that_names_its_device_runs_only_there(monkeypatch, names, match):
+    """The shipped H200 gates' budgets and bases are an H200's: on an H100 every p50 would fail
+    after minutes of jobs, so the gate refuses the host before any job runs; each GPU the jobs
+    use (TP2: GPUs 0 and 1) is read."""
+    import torch
+
+    from ffnq.gate import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: bool(names))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(names))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: names[i])
+    cfg = load_gate(GATES / "h200x2-tp2.toml")
+    jobs = [(v, SimpleNamespace(backend="triton", tp=2, nnodes=1)) for v, _ in cfg["jobs"]]
+    if match is None:
+        check_device(cfg, jobs)
+    else:
+        with pytest.raises(UsageError, match=rf"^gate config .*h200x2-tp2.toml: {match}"):
+            check_device(cfg, jobs)
+    assert load_gate(GATES / "h100-tp1.toml")["device"] == "H100" and load_gate(GATES / "cpu-tp2.toml")["device"] is None
+
+
+def test_a_device_on_a_cpu_gate_exits_2_before_any_job(tmp_path):
+    cfg = tmp_path / "g.toml"
+    cfg.write_text('device = "H200"\n' + SMALL.replace("{P50}", "500000"))
+    r = ffnq("gate", cfg, "--out", tmp_path / "out")
+    assert r.returncode == 2 and "device = 'H200': its jobs run on cpu, not on a GPU backend" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
