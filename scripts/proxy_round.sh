@@ -13,6 +13,8 @@
 # PROXY=solo times scripts/tp2_solo.py instead: rank 0's TP2 build alone on the whole GPU at its shipped
 # grid ("default"; GRID as --blocks otherwise), its exchanges the identity (SOLO=2): the shipped builds
 # and a whole HBM, without the links' cost (about the same for every variant).
+# PROFILE=1,16 (solo only) also profiles those widths' timeline builds (tp2_solo.py --profile): per phase
+# the median over CTAs and each phase's latest CTA, as a 2xH200 dev round's profile, links aside.
 # Logs in $OUT/proxy.log, this call's report folders in $OUT/proxy-reports.tgz (the device tool brings back
 # 8 files).
 set -o pipefail
@@ -29,6 +31,7 @@ echo "widths=$W commit=${FFNQ_COMMIT:-?}"
 SMS=$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)')
 SCRIPT=scripts/tp2_one_gpu.py DEF=$SMS
 [ "${PROXY:-pair}" = solo ] && SCRIPT=scripts/tp2_solo.py DEF=0  # 0: the shipped grid
+[ -n "$PROFILE" ] && [ "${PROXY:-pair}" != solo ] && { echo "PROFILE: the solo proxy only (PROXY=solo)"; exit 2; }
 echo "proxy=${PROXY:-pair} ($SCRIPT)"
 grid() { [ "$1" = default ] && echo "$DEF" || echo "$1"; }
 declare -A SEEN  # a variant listed twice is compiled once
@@ -37,15 +40,17 @@ for v in "$@"; do
   b=$(variant_base "$v"); t=$(variant_tune "$v")
   [ "${PROXY:-pair}" = solo ] && t="${t:+$t,}SOLO=2"  # the build tp2_solo.py launches
   ( export FFNQ_TRITON_TUNE=$t; python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 \
-      --tp 2 --widths "$W" --blocks "$(grid "$b")" --jobs 8 | tail -n 1 ) &
+      --tp 2 --widths "$W" --blocks "$(grid "$b")" --jobs 8 | tail -n 1
+    [ -n "$PROFILE" ] && python3 -m ffnq.backends.triton.offline --target sm_90 --model minimax-m2 --tp 2 \
+      --widths "$PROFILE" --timeline --blocks "$(grid "$b")" --jobs 4 | tail -n 1 ) &
 done
 wait
 echo "=== prewarm done at +$(( $(date +%s) - T0 ))s"
 for v in "$@"; do
   b=$(variant_base "$v"); export FFNQ_TRITON_TUNE=$(variant_tune "$v")
   echo "=== variant $v at +$(( $(date +%s) - T0 ))s"
-  timeout -k 5 240 python3 "$SCRIPT" --widths "$W" --time "$W" --blocks "$(grid "$b")" --out "$R" 2>&1 \
-    | grep -E "timed|PASS|FAIL|rror|resident|fit"
+  timeout -k 5 240 python3 "$SCRIPT" --widths "$W" --time "$W" ${PROFILE:+--profile $PROFILE} \
+    --blocks "$(grid "$b")" --out "$R" 2>&1 | grep -E "timed|profile|PASS|FAIL|rror|resident|fit"
   tar czf "$OUT/proxy-reports.tgz" -C "$R" .  # after each variant: a call cut short keeps them
 done
 echo "proxy round total $(( $(date +%s) - T0 ))s"

@@ -8,7 +8,7 @@ three still fit). It misses what the exchanges cost: two link latencies and the 
 step (~7-13 us at TP2, about the same for every variant), and under FR its wait for the peer's
 rows. So compare variants of one call; never read a step time here as a 2xH200 figure.
 
-    FFNQ_TRITON_TUNE=... python scripts/tp2_solo.py [--widths 1-16] [--time 1,4,16] [--blocks 0]
+    FFNQ_TRITON_TUNE=... python scripts/tp2_solo.py [--widths 1-16] [--time 1,4,16] [--profile 1,16] [--blocks 0]
 
 (``--device cpu`` with TRITON_INTERPRET=1: the checks in Triton's interpreter, as the tests run
 them; no timing there.)
@@ -18,12 +18,17 @@ residual plus rank 0's own part (no seam sum), and the MoE output of rank 0's sh
 chosen expert (the reference's weights with rank 1's intermediate rows zeroed), routing and
 route weights compared, outputs NaN-poisoned before the step. ``--time``: those widths timed as
 tp2_one_gpu.py times them (a CUDA graph over the bench's rotating weight sets, the median of 200
-replays). Writes <out>/<stamp>-tp2-solo-triton-tp2/; exit 1 on a failed check, 2 on bad input.
+replays). ``--profile``: those widths' timeline builds profiled as scripts/triton_device.py profiles
+a 2xH200 round (per phase the median over CTAs, us, and each phase's latest CTA from the median
+start; the same rotating weight sets), less the exchanges' splits (no exchange here): where a TP2
+step's time goes before and after its first weight byte, links aside. Writes
+<out>/<stamp>-tp2-solo-triton-tp2/; exit 1 on a failed check, 2 on bad input.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -49,12 +54,13 @@ class Solo:
     """Rank 0's runner alone, with tp2_one_gpu.Pair's launch (its parts, weights and outputs
     lists, of which it takes rank 0's)."""
 
-    def __init__(self, spec, widths, blocks, timeout, dev):
+    def __init__(self, spec, widths, blocks, timeout, dev, timeline=False):
         cls = TritonRunner.with_grid(blocks)
         self.buf = torch.zeros(cls.peer_bytes(spec, TP), dtype=torch.uint8, device=dev)
         symm.BUFFERS[self.buf.data_ptr()] = self.buf
         peers = torch.tensor([self.buf.data_ptr()] * TP, dtype=torch.int64, device=dev)  # never read (SOLO)
-        self.r = cls(TP, RANK, self.buf.data_ptr(), peers, dev, widths=widths, model=spec, timeout=timeout)
+        self.r = cls(TP, RANK, self.buf.data_ptr(), peers, dev, widths=widths, model=spec, timeout=timeout,
+                     timeline=timeline)
         self.dev = dev
 
     def close(self):
@@ -99,6 +105,24 @@ def check(solo, s, seed, expect, spec, ws, cache) -> dict:
     return row
 
 
+def profile_rows(spec, widths, blocks, timeout, dev, wsets) -> list[dict]:
+    """triton_device.profile of the SOLO timeline builds of ``widths``, one row per width: its
+    phases (the exchanges' push/wait splits left out: SOLO stamps no exchange) and "latest", each
+    phase's last CTA from the median start."""
+    import triton_device as td
+
+    td.WORLD, td.RANK = TP, RANK  # its stamp names and inputs are a TP2 rank's; one process, no group
+    td.barrier = lambda: torch.cuda.synchronize(dev)
+    tl = Solo(spec, widths, blocks, timeout, dev, timeline=True)
+    try:
+        tl.r.warm(wsets[0][RANK])
+        got = td.profile(tl.r, spec, [w[RANK] for w in wsets], dev)
+    finally:
+        tl.close()
+    return [dict(check="profile (SOLO proxy, us)", width=s,
+                 **{k: v for k, v in got[s].items() if not k.startswith(("seam_", "red_"))}) for s in widths]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="minimax-m2")
@@ -107,16 +131,18 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=0, help="every width's grid (default: the shipped one)")
     ap.add_argument("--out", default="reports")
     ap.add_argument("--time", default="", help="widths to time with cold weights, e.g. 1,4,16")
+    ap.add_argument("--profile", default="", help="widths to profile with the in-kernel timeline, e.g. 1,16")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the interpreter's checks")
     a = ap.parse_args()
     try:  # every input read before any GPU work
         spec = load_model(a.model)
         widths = parse_widths(a.widths, spec.max_tokens)
         timed = parse_widths(a.time, spec.max_tokens, "--time") if a.time.strip() else []
+        prof = parse_widths(a.profile, spec.max_tokens, "--profile") if a.profile.strip() else []
         spec.check(TP, Experts.ALL)
-        if a.device == "cpu" and (os.environ.get("TRITON_INTERPRET") != "1" or timed):
+        if a.device == "cpu" and (os.environ.get("TRITON_INTERPRET") != "1" or timed or prof):
             raise UsageError("--device cpu: runs the checks in Triton's interpreter only (TRITON_INTERPRET=1, "
-                             "no --time)")
+                             "no --time or --profile)")
         os.environ[tune.ENV] = ",".join(t for t in (os.environ.get(tune.ENV, ""), "SOLO=2") if t)
         tune.read()
         if a.device == "cuda" and not torch.cuda.is_available():
@@ -145,7 +171,7 @@ def main() -> int:
         cache: dict = {}
         for s in widths:
             rows.append(dict(check="step", width=s, **check(solo, s, 1000 * s + 7, expect, spec, ws, cache)))
-        if timed:
+        if timed or prof:
             del expect
             cache.clear()
             wsets = [ws] + [[shard(synthetic(spec, seed=3 + i, device=dev), spec, TP, RANK, Experts.ALL, device=dev)]
@@ -158,6 +184,10 @@ def main() -> int:
                       f"{solo.r.keys[s].blocks}, {regs} registers, {spills} spilled)", flush=True)
                 rows.append(dict(check="step time, cold weights (SOLO proxy)", width=s, step_us=round(us, 1),
                                  grid=solo.r.keys[s].blocks, regs=regs, spills=spills))
+        for row in profile_rows(spec, prof, a.blocks, a.timeout, dev, wsets) if prof else []:
+            print(f"   profile w={row['width']} (us, median over CTAs; SOLO proxy): "
+                  f"{json.dumps({k: v for k, v in row.items() if k not in ('check', 'width')})}", flush=True)
+            rows.append(row)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

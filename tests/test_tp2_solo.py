@@ -19,7 +19,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
     (["--widths", "0"], {}, "error: --widths '0': 0 outside 1..16"),
     (["--model", "nosuch"], {}, "error: model 'nosuch': no such file; known models:"),
     ([], {"FFNQ_TRITON_TUNE": "NOPE=1"}, "error: FFNQ_TRITON_TUNE key 'NOPE': no build reads it"),
-    (["--device", "cpu"], {"TRITON_INTERPRET": "0"}, "error: --device cpu: runs the checks in Triton's interpreter")])
+    (["--profile", "17"], {}, "error: --profile '17': 17 outside 1..16"),
+    (["--device", "cpu"], {"TRITON_INTERPRET": "0"}, "error: --device cpu: runs the checks in Triton's interpreter"),
+    (["--device", "cpu", "--profile", "1"], {"TRITON_INTERPRET": "1"},
+     "error: --device cpu: runs the checks in Triton's interpreter only (TRITON_INTERPRET=1, no --time or --profile)")])
 def test_bad_input_named_before_any_step(args, env, message, tmp_path):
     _run_refused(args, env, message, tmp_path)
 
