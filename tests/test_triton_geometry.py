@@ -12,14 +12,16 @@ from ffnq.spec import Experts, load_model  # noqa: E402
 
 def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     """The host-side choices behind v12: one token's 96 stage-1 items of MiniMax-M2 at TP2 split
-    in two K parts on 264 CTAs (192 items, one round), four tokens' 384 in two (768 = three
-    full rounds, not 1.5); rows >= 2 pick their top-k one row per CTA group (v18; from 3 in v17);
+    in two K parts on 264 CTAs (192 items, one round); four and six tokens with whole K, the
+    measured table's (v47: the model splits them in two, 768 = three full rounds, not 1.5, but
+    the solo proxy timed whole K 1.3-2.2% faster); rows >= 2 pick their top-k one row per CTA group (v18; from 3 in v17);
     stage 1 gives each x term 8 token columns at 7-8 tokens, 16 elsewhere (v17); RPG caps the CTAs
     per row of that pick, 16 by default (v18), always a power of two."""
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     spec = load_model("minimax-m2")
     geo = {s: G.geometry(offline.build_key(spec, 2, Experts.ALL, s)) for s in (1, 2, 3, 4, 5, 6, 7, 8, 16)}
-    assert [geo[s]["KS"] for s in (1, 2, 4, 16)] == [2, 1, 2, 1]
+    assert [geo[s]["KS"] for s in (1, 2, 4, 5, 6, 16)] == [2, 1, 1, 1, 1, 1]
+    assert G.measured("minimax-m2", 2, 4)["KS"] == G.measured("minimax-m2", 2, 6)["KS"] == 1
     # nine tokens: 105 rounds x steps split in two against 108 whole, but the fix-up of a split
     # tile costs more than that (KSFIX, v17): whole K
     assert G.geometry(offline.build_key(spec, 2, Experts.ALL, 9))["KS"] == 1
