@@ -50,7 +50,7 @@ for v in "$@"; do
   b=$(variant_base "$v"); export FFNQ_TRITON_TUNE=$(variant_tune "$v")
   echo "=== variant $v at +$(( $(date +%s) - T0 ))s"
   timeout -k 5 240 python3 "$SCRIPT" --widths "$W" --time "$W" ${PROFILE:+--profile $PROFILE} \
-    --blocks "$(grid "$b")" --out "$R" 2>&1 | grep -E "timed|profile|PASS|FAIL|rror|resident|fit"
+    --blocks "$(grid "$b")" --out "$R" 2>&1 | grep -E "timed|profile w=|PASS|FAIL|rror|resident|fit"
   tar czf "$OUT/proxy-reports.tgz" -C "$R" .  # after each variant: a call cut short keeps them
 done
 echo "proxy round total $(( $(date +%s) - T0 ))s"
