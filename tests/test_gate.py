@@ -1,8 +1,8 @@
 """gate: config loading and refusals, thresholds, JUnit; real gates pass (0), fail (1), can't run (2)."""
 import re
-from types import SimpleNamespace
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
