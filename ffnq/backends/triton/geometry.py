@@ -136,7 +136,8 @@ def geometry(key) -> dict:
     epc = -(-E // blocks)
     epcp2 = _p2(epc)
     nslot = min(key.tokens * m.top_k, nloc) if mode != "none" else 0
-    tune = choices(key)
+    asked = read_tune(key.tokens)  # FFNQ_TRITON_TUNE's keys: kept as asked where a rule caps the table's
+    tune = {**measured(m.name, key.tp, key.tokens), **asked}  # choices(key)
     # stage-1 tile rows: 64 gate + 64 up rows of one expert (the M of an sm_90 warp-group MMA)
     bn = tune.get("BN", 64)
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
@@ -308,7 +309,7 @@ def geometry(key) -> dict:
     # so there the table's PLR stops at two rows; FFNQ_TRITON_TUNE's PLR is taken as asked
     plr = tune.get("PLR", 2)
     chp2 = max(16, _p2(ch))  # the chunk's column tile
-    if chp2 > 16 and "PLR" not in read_tune(key.tokens):
+    if chp2 > 16 and "PLR" not in asked:
         plr = min(plr, 2)
     extra = dict(CHK=tune.get("CHK", 8),
                  PDL=bool(tune.get("PDL", 1)), FENCE=bool(tune.get("FENCE", 1)), SORT=bool(tune.get("SORT", 1)),
