@@ -67,7 +67,7 @@ def _allowed(key: str, value: int, allowed, meaning: str) -> int:
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for;
 # R: the width's register cap on NVIDIA, launch_options)
 MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "R",
-                           "RPG", "RTOP", "SPS", "SQ", "X8T"})
+                           "RPG", "RTOP", "SPS", "SQ", "TS", "X8T"})
 
 
 @functools.cache
@@ -168,6 +168,13 @@ def geometry(key) -> dict:
         ks = min(cost, key=lambda k: (cost[k], k))
     if (H // 128) % ks:
         raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
+    # TS: a tapered stage 1: the slots whose KS-part items fill whole rounds of the grid keep KS
+    # parts, the rest (the tail: the items the schedule ends on, whose experts' stage-2 items wait
+    # for them) take TS parts, so the last items are short (items._s1_count). 0: every slot KS
+    ts = tune.get("TS", 0)
+    if ts and (H // 128) % ts:
+        raise ValueError(f"FFNQ_TRITON_TUNE TS={ts}: must divide the {H // 128} K blocks of the hidden size")
+    ts = 0 if ts == ks else ts
     rt = _p2(key.tokens)
     # the row tile from which phase B picks each row's top-k (RT CTA groups, the last arriver of a
     # row) instead of every CTA on the whole tile after barrier 2: from 2 rows by default (v17 from
@@ -317,7 +324,7 @@ def geometry(key) -> dict:
                  SOLO=solo, FR=fr, KH=kh, A8=a8,
                  A8T=a8t, DQ=dq, HP=hp,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
-                 EW=bool(tune.get("EW", int(key.tp == 1))))
+                 EW=bool(tune.get("EW", int(key.tp == 1))), TS=ts)
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
@@ -338,7 +345,7 @@ def geometry(key) -> dict:
                    "0 (every slot), 1 (each row's own slots) or 2 (1, and stage 2 writes only those)")
     # (phase E's offsets into the partials are int32: [NSLOT x KH, S, H])
     sps = sps if rowtop and nslot > 0 and not ps and nslot * kh * key.tokens * H < 2 ** 31 else 0
-    pso = nsl + nht + (nsl * nt if ks > 1 else 0)
+    pso = nsl + nht + (nsl * nt if max(ks, ts) > 1 else 0)
     qoff = pso + (nsl * nht if ps else 0)
     nsync = qoff + dq
     seg = -(-nsync // blocks)
@@ -374,8 +381,9 @@ def scratch_extra(key) -> list:
             out.append(("act8", torch.uint8, (g["NSLOT"], g["A8T"], 16, g["I_R"])))
             out.append(("ascale", torch.float32, (g["NSLOT"], g["I_R"] // g["BN"])))
         out.append(("ypart", torch.float32, (g["NSLOT"] * g["KH"], S, H)))
-        if g["KS"] > 1:
-            out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
+        ksm = max(g["KS"], g["TS"])  # (TS: a tile's partials at jt x the larger count + part)
+        if ksm > 1:
+            out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * ksm, 2, g["BN"], 16)))
         if g["SPS"]:  # each CTA's expert -> slot table (phase C), for phase E
             out.append(("inv", torch.int32, (key.blocks, g["EP2"])))
     return out
