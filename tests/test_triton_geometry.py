@@ -278,27 +278,3 @@ def test_sum_of_each_rows_own_slots_geometry(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=3")
     with pytest.raises(ValueError, match="SPS=3"):
         G.geometry(key)
-
-
-def test_tapered_stage_one_geometry(monkeypatch):
-    """TS: the tail's slots in TS K parts beside the head's KS (items._s1_count); off by default,
-    off where it equals KS, refused where it splits a scale block; its split tiles get their
-    arrival counters and partials even where the head keeps whole K."""
-    spec = load_model("minimax-m2")
-    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-    key = offline.build_key(spec, 2, Experts.ALL, 4)
-    plain = G.geometry(key)
-    assert plain["TS"] == 0 and plain["KS"] == 1
-    assert "gpart" not in {n for n, _, _ in G.scratch_extra(key)}
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "TS=4")
-    g = G.geometry(key)
-    nt = g["I_R"] // g["BN"]
-    assert g["TS"] == 4 and g["KS"] == 1
-    assert g["PSO"] == plain["PSO"] + g["NSL"] * nt  # a counter per split tile
-    gpart = {n: shape for n, _, shape in G.scratch_extra(key)}["gpart"]
-    assert gpart[0] == g["NSLOT"] * nt * 4
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "KS=2,TS=2")
-    assert G.geometry(key)["TS"] == 0
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "TS=5")
-    with pytest.raises(ValueError, match="TS=5"):
-        G.geometry(key)

@@ -67,7 +67,7 @@ def _allowed(key: str, value: int, allowed, meaning: str) -> int:
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for;
 # R: the width's register cap on NVIDIA, launch_options)
 MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "R",
-                           "RPG", "RTOP", "SPS", "SQ", "TS", "X8T"})
+                           "RPG", "RTOP", "SPS", "SQ", "X8T"})
 
 
 @functools.cache
@@ -168,13 +168,6 @@ def geometry(key) -> dict:
         ks = min(cost, key=lambda k: (cost[k], k))
     if (H // 128) % ks:
         raise ValueError(f"FFNQ_TRITON_TUNE KS={ks}: must divide the {H // 128} K blocks of the hidden size")
-    # TS: a tapered stage 1: the slots whose KS-part items fill whole rounds of the grid keep KS
-    # parts, the rest (the tail: the items the schedule ends on, whose experts' stage-2 items wait
-    # for them) take TS parts, so the last items are short (items._s1_count). 0: every slot KS
-    ts = tune.get("TS", 0)
-    if ts and (H // 128) % ts:
-        raise ValueError(f"FFNQ_TRITON_TUNE TS={ts}: must divide the {H // 128} K blocks of the hidden size")
-    ts = 0 if ts == ks else ts
     rt = _p2(key.tokens)
     # the row tile from which phase B picks each row's top-k (RT CTA groups, the last arriver of a
     # row) instead of every CTA on the whole tile after barrier 2: from 2 rows by default (v17 from
@@ -305,7 +298,12 @@ def geometry(key) -> dict:
     # last load, and FL, stage 2 as one loop over a CTA's items that Triton flattens and pipelines
     # across items (a7867f2; dev rounds 115-116, TP1's x_floor side by side twice against the
     # default's: PN=3 0.1-8.4% higher at every width, PN1=3 1.0-6.5%, FL 2.7-4.8% at 3-16 tokens
-    # and within 1% at 1-2; the TP2 proxy, device round 91: FL 2.2-4.7% slower at 4-16 tokens)
+    # and within 1% at 1-2; the TP2 proxy, device round 91: FL 2.2-4.7% slower at 4-16 tokens);
+    # TS, a tapered stage 1: the slots past the grid's whole rounds of items in TS K parts, so the
+    # items the schedule ends on are short (a6a2138; dev rounds 127-128, TP2's solo proxy on an
+    # H100, twice: TS=2 0.3-2.0 us and TS=4 0.2-2.3 us slower at 3-16 tokens; at four tokens stage
+    # 1's last CTA ended 4.6 us sooner and stage 2's at the same 85.2 us: the HBM, not the tail,
+    # bounds the expert phase there)
     # HP: an item's header (its expert; at stage 2 also its tiles' count and its rows) read at the
     # end of the item before, behind that item's epilogue, not at its own start: bit 1 stage 2,
     # bit 2 stage 1 (there with the route weights its epilogue needs read before its loop)
@@ -324,7 +322,7 @@ def geometry(key) -> dict:
                  SOLO=solo, FR=fr, KH=kh, A8=a8,
                  A8T=a8t, DQ=dq, HP=hp,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
-                 EW=bool(tune.get("EW", int(key.tp == 1))), TS=ts)
+                 EW=bool(tune.get("EW", int(key.tp == 1))))
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)
@@ -345,7 +343,7 @@ def geometry(key) -> dict:
                    "0 (every slot), 1 (each row's own slots) or 2 (1, and stage 2 writes only those)")
     # (phase E's offsets into the partials are int32: [NSLOT x KH, S, H])
     sps = sps if rowtop and nslot > 0 and not ps and nslot * kh * key.tokens * H < 2 ** 31 else 0
-    pso = nsl + nht + (nsl * nt if max(ks, ts) > 1 else 0)
+    pso = nsl + nht + (nsl * nt if ks > 1 else 0)
     qoff = pso + (nsl * nht if ps else 0)
     nsync = qoff + dq
     seg = -(-nsync // blocks)
@@ -381,9 +379,8 @@ def scratch_extra(key) -> list:
             out.append(("act8", torch.uint8, (g["NSLOT"], g["A8T"], 16, g["I_R"])))
             out.append(("ascale", torch.float32, (g["NSLOT"], g["I_R"] // g["BN"])))
         out.append(("ypart", torch.float32, (g["NSLOT"] * g["KH"], S, H)))
-        ksm = max(g["KS"], g["TS"])  # (TS: a tile's partials at jt x the larger count + part)
-        if ksm > 1:
-            out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * ksm, 2, g["BN"], 16)))
+        if g["KS"] > 1:
+            out.append(("gpart", torch.float32, (g["NSLOT"] * (g["I_R"] // g["BN"]) * g["KS"], 2, g["BN"], 16)))
         if g["SPS"]:  # each CTA's expert -> slot table (phase C), for phase E
             out.append(("inv", torch.int32, (key.blocks, g["EP2"])))
     return out

@@ -45,26 +45,3 @@ def _s2_header(w, wend, n1, ecta, sync, wrow, yrm, SP: tl.constexpr, NHT: tl.con
     if SPS == 2:
         ym &= tl.load(wrow + ej * SP, mask=ym, other=0.0) != 0.0
     return ej, v, ym
-
-
-@triton.jit
-def _s1_count(n_active, NT: tl.constexpr, KS: tl.constexpr, TS: tl.constexpr, BLOCKS: tl.constexpr):
-    """(TS) Stage 1's items: the head slots, as many as fill whole rounds of the grid with KS-part
-    items, then the tail's slots in TS parts each, so the last items (those the schedule ends on,
-    and whose experts' stage-2 items wait for them) are short. Returns (head items, all items)."""
-    j0 = (n_active * (NT * KS) // BLOCKS) * BLOCKS // (NT * KS)
-    nh = j0 * (NT * KS)
-    return nh, nh + (n_active - j0) * (NT * TS)
-
-
-@triton.jit
-def _s1_item(w, nh, NT: tl.constexpr, KS: tl.constexpr, TS: tl.constexpr, H: tl.constexpr):
-    """(TS) Stage-1 item w: its tile jt (slot x NT + row tile), its K part kp of np parts (KS in
-    the head, TS in the tail) and that part's first column kb and length klen."""
-    tail = w >= nh
-    v = tl.where(tail, w - nh, w)
-    np_ = tl.where(tail, TS, KS)
-    jt = tl.where(tail, nh // KS + v // TS, v // KS)
-    kp = v % np_
-    nb = (H // 128) // np_  # whole scale blocks: kb's product with 128 tells the compiler its alignment
-    return jt, kp, np_, kp * nb * 128, nb * 128

@@ -33,7 +33,6 @@ step does, for one width S:
               act[j] = silu(g)*u*routing weight (fp16 scratch); done1[j] += 1.
               A CTA runs every BLOCKS-th item, or (DQ) after its first the next free
               ticket of one counter for both stages (stage 2's items numbered after stage 1's).
-              (TS) The slots past the grid's whole rounds of items take TS K parts, not KS.
      -- no barrier: a stage-2 item waits for done1[j] == I_R/BN --
   D  stage 2  work items (active expert j, BH-row tile of H): ypart[j]^T = sum_k scale_k (w2 tile_k) @
               act[j]^T (swap AB, fp16 operands), fp32 scratch; done2[tile] += 1.
@@ -84,9 +83,9 @@ import triton.language as tl
 from ffnq.backends.triton.sync import (F_EPOCH, F_VALID, PH_HANDSHAKE, PH_REDUCE, PH_SEAM, _as, _backoff,
     _clear_sync, _gather, _grid_barrier, _publish, _rank_faulted, _send, _spin_count, _stamp, _wait_count,
     _wait_peers, _wait_prefix, _wait_rows, now_ns, now_u)
-from ffnq.backends.triton.tiles import (_fp8, _fr_rows, _fr_weights, _mma_sc, _post_norm_all, _s1_kstep, _store_route,
-    _store_x, _topk, _xsig, _xsig_of)
-from ffnq.backends.triton.items import _claim, _next_item, _s1_count, _s1_item, _s2_header
+from ffnq.backends.triton.tiles import (_fp8, _fr_rows, _fr_weights, _mma_sc, _post_norm_all, _store_route, _store_x,
+    _topk, _xsig, _xsig_of)
+from ffnq.backends.triton.items import _claim, _next_item, _s2_header
 
 
 @triton.jit(do_not_specialize=["rank", "first_expert"])
@@ -116,7 +115,7 @@ def ffn_kernel(
     A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, HP: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr, TS: tl.constexpr,
+    SC_INV: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -450,10 +449,7 @@ def ffn_kernel(
         if MODE != 2:
             # items (slot j, BN-row tile t of I_r, K part ks), ks fastest; with KS > 1 the last
             # arriver of a (j, t) sums the parts in ks order (deterministic) and finishes the tile
-            if TS:  # (TS) the tail's slots in TS parts: see _s1_count
-                nh, n_items = _s1_count(n_active, NT, KS, TS, BLOCKS)
-            else:
-                n_items = n_active * (NT * KS)
+            n_items = n_active * (NT * KS)
             NX: tl.constexpr = X8T if F8 else 2  # x terms: fp8 x X8T or fp16 hi + lo
             # SQ token columns per term (SQ >= S; NX x SQ >= 16, tl.dot's least N)
             rq = tl.arange(0, SQ)
@@ -473,17 +469,11 @@ def ffn_kernel(
             go = nn[:, None] * SP + rq[None, :]
             w = pid  # while loops: the interpreter cannot range() over a runtime scalar
             if HP & 2:  # the first item's expert; each next one's is read at the end of the item before
-                if TS:
-                    hej = tl.load(ecta + _s1_item(w, nh, NT, KS, TS, H)[0] // NT, mask=w < n_items, other=0)
-                else:
-                    hej = tl.load(ecta + w // (KS * NT), mask=w < n_items, other=0)
+                hej = tl.load(ecta + w // (KS * NT), mask=w < n_items, other=0)
             while w < n_items:
                 nxt = _claim(sync + QOFF, DQ)  # DQ: whichever ticket is free now (see geometry)
-                if TS:
-                    jt, kp, np_, kb, klen = _s1_item(w, nh, NT, KS, TS, H)
-                else:
-                    jt = w // KS
-                    kb = (w % KS) * KSTEP
+                jt = w // KS
+                kb = (w % KS) * KSTEP
                 j = jt // NT
                 t = jt % NT
                 if HP & 2:
@@ -502,55 +492,21 @@ def ffn_kernel(
                 # terms; fp16: hi, lo), one MMA per weight tile and K step; the terms summed at the end
                 acc_g = tl.zeros((BN, NX * SQ), tl.float32)
                 acc_u = tl.zeros((BN, NX * SQ), tl.float32)
-                if TS:  # the item's K length is its part's: a runtime bound
-                    if INTERP:  # (the interpreter cannot range() over a runtime scalar)
-                        k0 = klen * 0
-                        while k0 < klen:
-                            acc_g, acc_u = _s1_kstep(acc_g, acc_u, xb + xo2 + kb + k0, xm2, wbase + k0, r1, kc2,
-                                                     sbase + k0 // 128, t, H, I_R, BN, SHIFT, INTERP, IS_HIP, SACC)
-                            k0 += BK
-                    else:
-                        for k0 in tl.range(0, klen, BK, num_stages=NS):
-                            acc_g, acc_u = _s1_kstep(acc_g, acc_u, xb + xo2 + kb + k0, xm2, wbase + k0, r1, kc2,
-                                                     sbase + k0 // 128, t, H, I_R, BN, SHIFT, INTERP, IS_HIP, SACC)
-                else:
-                    for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
-                        xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
-                        wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
-                        wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
-                        sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
-                        su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
-                        acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
-                        acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
+                for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
+                    xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
+                    wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
+                    wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
+                    sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
+                    su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
+                    acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
+                    acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
                 if HP & 2:  # the next item and its expert, their round trips behind this epilogue
                     wn = _next_item(w, nxt, BLOCKS, DQ)
-                    if TS:
-                        hej = tl.load(ecta + _s1_item(wn, nh, NT, KS, TS, H)[0] // NT, mask=wn < n_items, other=0)
-                    else:
-                        hej = tl.load(ecta + wn // (KS * NT), mask=wn < n_items, other=0)
+                    hej = tl.load(ecta + wn // (KS * NT), mask=wn < n_items, other=0)
                 g = tl.sum(tl.reshape(acc_g * tw[None, :], (BN, NX, SQ)), axis=1)
                 u = tl.sum(tl.reshape(acc_u * tw[None, :], (BN, NX, SQ)), axis=1)
                 last = True
-                if TS:
-                    # a split tile's parts as with KS below, their count the item's (KS or TS); its
-                    # partials at jt x KSM + part, KSM the larger count
-                    KSM: tl.constexpr = KS if KS > TS else TS
-                    last = np_ == 1
-                    if np_ > 1:
-                        gp = gpart + (jt * KSM + kp).to(tl.int64) * (2 * BN * SP)
-                        tl.store(gp + go, g)
-                        tl.store(gp + BN * SP + go, u)
-                        tl.debug_barrier()
-                        last = tl.atomic_add(sync + NSL + NHT + jt, 1, sem="acq_rel", scope="gpu") == np_ - 1
-                        if last:
-                            g = tl.zeros((BN, SQ), tl.float32)
-                            u = tl.zeros((BN, SQ), tl.float32)
-                            for q in tl.static_range(KSM):
-                                gq = gpart + (jt * KSM + q).to(tl.int64) * (2 * BN * SP)
-                                g += tl.load(gq + go, mask=(go >= 0) & (q < np_), other=0.0, cache_modifier=".cg")
-                                u += tl.load(gq + BN * SP + go, mask=(go >= 0) & (q < np_), other=0.0,
-                                             cache_modifier=".cg")
-                elif KS > 1:
+                if KS > 1:
                     gp = gpart + w.to(tl.int64) * (2 * BN * SP)
                     tl.store(gp + go, g)
                     tl.store(gp + BN * SP + go, u)
@@ -599,10 +555,7 @@ def ffn_kernel(
     if (STAGE == 0) | (STAGE == 4):
         if MODE != 2:
             n_act = tl.load(meta + pid)
-            if TS:
-                n1 = _s1_count(n_act, NT, KS, TS, BLOCKS)[1]
-            else:
-                n1 = n_act * (NT * KS)
+            n1 = n_act * (NT * KS)
             act = _as(scratch, SC_ACT, tl.float16)
             ecta = _as(scratch, SC_ECTA, tl.int32) + pid * EP2  # this CTA's own list (phase C)
             ypart = _as(scratch, SC_YPART, tl.float32)

@@ -71,19 +71,6 @@ def _store_route(scratch, rows, pad, sel, w, ecols, SC_ROUTE: tl.constexpr, SC_R
 
 
 @triton.jit
-def _s1_kstep(acc_g, acc_u, xp, xm, wp, r1, kc2, sp, t, H: tl.constexpr, I_R: tl.constexpr, BN: tl.constexpr,
-              SHIFT: tl.constexpr, INTERP: tl.constexpr, IS_HIP: tl.constexpr, SACC: tl.constexpr):
-    """(TS) One K step of a stage-1 item, its pointers already at the step's first column: the x
-    terms^T tile, the gate and up tiles of w13 and their block scales, as the kernel's own loop."""
-    xk = tl.load(xp, mask=xm, other=0.0)
-    wg = tl.load(wp + r1[:, None] * H + kc2[None, :])
-    wu = tl.load(wp + (I_R + r1)[:, None] * H + kc2[None, :])
-    sg = tl.load(sp + ((t * BN) // 128) * (H // 128)) * SHIFT
-    su = tl.load(sp + ((I_R + t * BN) // 128) * (H // 128)) * SHIFT
-    return _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC), _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
-
-
-@triton.jit
 def _mma_sc(w, scale, x, acc, INTERP: tl.constexpr, IS_HIP: tl.constexpr, SACC: tl.constexpr):
     """acc + (w * scale) @ x for one K block (one scale). SACC: the fp8 codes go to the MMA
     exactly, in x's type: fp8 x terms (F8) take them as stored, both operands from shared memory;

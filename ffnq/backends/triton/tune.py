@@ -17,7 +17,7 @@ ENV = "FFNQ_TRITON_TUNE"
 KEYS = frozenset({
     "A8", "A8T", "BH", "BN", "CHK", "COOP", "CPS", "DQ", "EW", "F8", "FENCE", "FR", "FW", "HP", "JB", "KH", "KS",
     "KSFIX", "LL", "NS", "NS2", "NSS", "PDL", "PLR", "PRE", "PS", "R", "RPG", "RTOP", "SACC", "SOLO", "SORT", "SPS",
-    "SQ", "SQ2", "TS", "X8T",
+    "SQ", "SQ2", "X8T",
 })
 # G<w>: width w's grid; R<w>: its register cap (ptxas maxnreg; also R@w, or R at every width)
 PER_WIDTH = re.compile(r"[GR][1-9]\d*")
