@@ -29,6 +29,6 @@ for g in "$@"; do
   mkdir -p "$D/$n"
   env "${envs[@]}" OUT="$D/$n" "$ROUND" "${vars[@]}" > /dev/null 2>&1
   echo "group $n rc=$?"
-  grep -hE "GPU 0|proxy=|timed|profile w=|PASS|FAIL|rror|=== variant|total" "$D/$n/proxy.log" 2>/dev/null
+  grep -hE "GPU 0|proxy=|timed|bytes w=|floor:|profile w=|PASS|FAIL|rror|=== variant|total" "$D/$n/proxy.log" 2>/dev/null
   tar czf "$OUT/batch.tgz" -C "$D" .
 done

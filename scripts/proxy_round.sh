@@ -15,6 +15,8 @@
 # and a whole HBM, without the links' cost (about the same for every variant).
 # PROFILE=1,16 (solo only) also profiles those widths' timeline builds (tp2_solo.py --profile): per phase
 # the median over CTAs and each phase's latest CTA, as a 2xH200 dev round's profile, links aside.
+# FLOOR=1 (solo only) counts the bytes (tp2_solo.py --floor): the HBM read rate, each timed width's step
+# over its experts' read time, each profiled width's expert phase as TB/s.
 # Logs in $OUT/proxy.log, this call's report folders in $OUT/proxy-reports.tgz (the device tool brings back
 # 8 files).
 set -o pipefail
@@ -31,7 +33,7 @@ echo "widths=$W commit=${FFNQ_COMMIT:-?}"
 SMS=$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)')
 SCRIPT=scripts/tp2_one_gpu.py DEF=$SMS
 [ "${PROXY:-pair}" = solo ] && SCRIPT=scripts/tp2_solo.py DEF=0  # 0: the shipped grid
-[ -n "$PROFILE" ] && [ "${PROXY:-pair}" != solo ] && { echo "PROFILE: the solo proxy only (PROXY=solo)"; exit 2; }
+[ -n "$PROFILE$FLOOR" ] && [ "${PROXY:-pair}" != solo ] && { echo "PROFILE, FLOOR: the solo proxy only (PROXY=solo)"; exit 2; }
 echo "proxy=${PROXY:-pair} ($SCRIPT)"
 grid() { [ "$1" = default ] && echo "$DEF" || echo "$1"; }
 declare -A SEEN  # a variant listed twice is compiled once
@@ -49,8 +51,8 @@ echo "=== prewarm done at +$(( $(date +%s) - T0 ))s"
 for v in "$@"; do
   b=$(variant_base "$v"); export FFNQ_TRITON_TUNE=$(variant_tune "$v")
   echo "=== variant $v at +$(( $(date +%s) - T0 ))s"
-  timeout -k 5 240 python3 "$SCRIPT" --widths "$W" --time "$W" ${PROFILE:+--profile $PROFILE} \
-    --blocks "$(grid "$b")" --out "$R" 2>&1 | grep -E "timed|profile w=|PASS|FAIL|rror|resident|fit"
+  timeout -k 5 240 python3 "$SCRIPT" --widths "$W" --time "$W" ${PROFILE:+--profile $PROFILE} ${FLOOR:+--floor} \
+    --blocks "$(grid "$b")" --out "$R" 2>&1 | grep -E "timed|bytes w=|floor:|profile w=|PASS|FAIL|rror|resident|fit"
   tar czf "$OUT/proxy-reports.tgz" -C "$R" .  # after each variant: a call cut short keeps them
 done
 echo "proxy round total $(( $(date +%s) - T0 ))s"

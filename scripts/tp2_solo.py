@@ -8,7 +8,8 @@ three still fit). It misses what the exchanges cost: two link latencies and the 
 step (~7-13 us at TP2, about the same for every variant), and under FR its wait for the peer's
 rows. So compare variants of one call; never read a step time here as a 2xH200 figure.
 
-    FFNQ_TRITON_TUNE=... python scripts/tp2_solo.py [--widths 1-16] [--time 1,4,16] [--profile 1,16] [--blocks 0]
+    FFNQ_TRITON_TUNE=... python scripts/tp2_solo.py [--widths 1-16] [--time 1,4,16] [--profile 1,16] [--floor]
+                                                   [--blocks 0]
 
 (``--device cpu`` with TRITON_INTERPRET=1: the checks in Triton's interpreter, as the tests run
 them; no timing there.)
@@ -21,7 +22,12 @@ tp2_one_gpu.py times them (a CUDA graph over the bench's rotating weight sets, t
 replays). ``--profile``: those widths' timeline builds profiled as scripts/triton_device.py profiles
 a 2xH200 round (per phase the median over CTAs, us, and each phase's latest CTA from the median
 start; the same rotating weight sets), less the exchanges' splits (no exchange here): where a TP2
-step's time goes before and after its first weight byte, links aside. Writes
+step's time goes before and after its first weight byte, links aside. ``--floor``: the bytes
+counted (METHOD.md): this GPU's HBM read rate by the bench's read kernel, and per timed width the
+experts the timed step touches (the mean over the weight sets, as the bench's floor) and the
+step over those bytes' read time (``x_bytes``; no link in it: a solo step has none); per
+profiled width the experts its last launch touched over its expert phase (top-k done to stage 2
+done, latest CTAs), as TB/s and as a share of the read rate. Writes
 <out>/<stamp>-tp2-solo-triton-tp2/; exit 1 on a failed check, 2 on bad input.
 """
 from __future__ import annotations
@@ -42,6 +48,7 @@ from ffnq import reference, report
 from ffnq.backends import symm
 from ffnq.backends.triton import TritonRunner, tune
 from ffnq.errors import UsageError
+from ffnq.floor import hbm_read_gbps
 from ffnq.jobs.bench import ROTATE_SETS_GPU
 from ffnq.launch import parse_widths
 from ffnq.spec import Experts, load_model
@@ -105,10 +112,11 @@ def check(solo, s, seed, expect, spec, ws, cache) -> dict:
     return row
 
 
-def profile_rows(spec, widths, blocks, timeout, dev, wsets) -> list[dict]:
+def profile_rows(spec, widths, blocks, timeout, dev, wsets, read_gbps: float | None = None) -> list[dict]:
     """triton_device.profile of the SOLO timeline builds of ``widths``, one row per width: its
     phases (the exchanges' push/wait splits left out: SOLO stamps no exchange) and "latest", each
-    phase's last CTA from the median start."""
+    phase's last CTA from the median start. With ``read_gbps``: the expert phase's bytes (the
+    experts the profiled launch routed to) and rate against it."""
     import triton_device as td
 
     td.WORLD, td.RANK = TP, RANK  # its stamp names and inputs are a TP2 rank's; one process, no group
@@ -117,10 +125,38 @@ def profile_rows(spec, widths, blocks, timeout, dev, wsets) -> list[dict]:
     try:
         tl.r.warm(wsets[0][RANK])
         got = td.profile(tl.r, spec, [w[RANK] for w in wsets], dev)
+        if read_gbps:
+            for s in widths:
+                got[s].update(expert_rate(got[s], touched(tl.r.chosen(s)), spec, read_gbps))
     finally:
         tl.close()
     return [dict(check="profile (SOLO proxy, us)", width=s,
                  **{k: v for k, v in got[s].items() if not k.startswith(("seam_", "red_"))}) for s in widths]
+
+
+def touched(route: torch.Tensor) -> int:
+    """Distinct experts of a route [s, k] (padding rows -1): all of them are rank 0's (Experts ALL)."""
+    return int(torch.unique(route[route >= 0]).numel())
+
+
+def expert_rate(prof: dict, n_experts: int, spec, read_gbps: float) -> dict:
+    """The profiled launch's expert bytes over its expert phase (latest CTAs: top-k done to
+    stage 2 done), TB/s and its share of the read rate."""
+    mb = n_experts * spec.expert_bytes(TP, Experts.ALL) / 1e6
+    us = prof["latest"]["stage2"] - prof["latest"]["topk"]
+    return dict(experts=n_experts, expert_mb=round(mb, 1), expert_tbps=round(mb / us, 2),
+                of_read=round(mb / us / (read_gbps / 1e3), 3))
+
+
+def bytes_row(spec, s, wsets, dev, step_us: float, read_gbps: float) -> dict:
+    """The timed step's experts (cold_step_us's inputs, the mean over the sets, as the bench's
+    floor) and the step over their bytes' read time."""
+    parts, resid, slots = inputs(spec, s, 60 + s, dev, pad=False)
+    n = [touched(reference.chosen(parts[RANK:RANK + 1], resid, slots, w[RANK], spec)) for w in wsets]
+    mb = sum(n) / len(n) * spec.expert_bytes(TP, Experts.ALL) / 1e6
+    read_us = mb / (read_gbps / 1e3)
+    return dict(experts=round(sum(n) / len(n), 2), expert_mb=round(mb, 1), read_us=round(read_us, 1),
+                x_bytes=round(step_us / read_us, 3))
 
 
 def main() -> int:
@@ -132,6 +168,8 @@ def main() -> int:
     ap.add_argument("--out", default="reports")
     ap.add_argument("--time", default="", help="widths to time with cold weights, e.g. 1,4,16")
     ap.add_argument("--profile", default="", help="widths to profile with the in-kernel timeline, e.g. 1,16")
+    ap.add_argument("--floor", action="store_true", help="the HBM read rate, and each timed / profiled width's "
+                    "step and expert phase against its bytes' read time")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the interpreter's checks")
     a = ap.parse_args()
     try:  # every input read before any GPU work
@@ -140,9 +178,11 @@ def main() -> int:
         timed = parse_widths(a.time, spec.max_tokens, "--time") if a.time.strip() else []
         prof = parse_widths(a.profile, spec.max_tokens, "--profile") if a.profile.strip() else []
         spec.check(TP, Experts.ALL)
-        if a.device == "cpu" and (os.environ.get("TRITON_INTERPRET") != "1" or timed or prof):
+        if a.device == "cpu" and (os.environ.get("TRITON_INTERPRET") != "1" or timed or prof or a.floor):
             raise UsageError("--device cpu: runs the checks in Triton's interpreter only (TRITON_INTERPRET=1, "
-                             "no --time or --profile)")
+                             "no --time, --profile or --floor)")
+        if a.floor and not (timed or prof):
+            raise UsageError("--floor: counts the bytes of timed or profiled widths; name them (--time, --profile)")
         os.environ[tune.ENV] = ",".join(t for t in (os.environ.get(tune.ENV, ""), "SOLO=2") if t)
         tune.read()
         if a.device == "cuda" and not torch.cuda.is_available():
@@ -171,20 +211,31 @@ def main() -> int:
         cache: dict = {}
         for s in widths:
             rows.append(dict(check="step", width=s, **check(solo, s, 1000 * s + 7, expect, spec, ws, cache)))
+        read_gbps = None
         if timed or prof:
             del expect
             cache.clear()
             wsets = [ws] + [[shard(synthetic(spec, seed=3 + i, device=dev), spec, TP, RANK, Experts.ALL, device=dev)]
                             for i in range(1, ROTATE_SETS_GPU)]
+            if a.floor:
+                read_gbps = hbm_read_gbps(dev)
+                print(f"   floor: HBM read {read_gbps / 1e3:.2f} TB/s (the bench's read kernel, after its warm-up)",
+                      flush=True)
+                rows.append(dict(check="HBM read rate (TB/s)", read_tbps=round(read_gbps / 1e3, 3)))
             for s in timed:
                 us = cold_step_us(solo, spec, s, wsets)
                 d = solo.r.describe(s)
                 regs, spills = d.get("n_regs"), d.get("n_spills")
                 print(f"   timed w={s}: {us:.1f} us per step ({len(wsets)} weight sets, SOLO proxy; grid "
                       f"{solo.r.keys[s].blocks}, {regs} registers, {spills} spilled)", flush=True)
-                rows.append(dict(check="step time, cold weights (SOLO proxy)", width=s, step_us=round(us, 1),
-                                 grid=solo.r.keys[s].blocks, regs=regs, spills=spills))
-        for row in profile_rows(spec, prof, a.blocks, a.timeout, dev, wsets) if prof else []:
+                row = dict(check="step time, cold weights (SOLO proxy)", width=s, step_us=round(us, 1),
+                           grid=solo.r.keys[s].blocks, regs=regs, spills=spills)
+                if read_gbps:
+                    row.update(bytes_row(spec, s, wsets, dev, us, read_gbps))
+                    print(f"   bytes w={s}: {row['experts']} experts, {row['expert_mb']} MB, read in {row['read_us']} us: "
+                          f"step {row['x_bytes']}x that", flush=True)
+                rows.append(row)
+        for row in profile_rows(spec, prof, a.blocks, a.timeout, dev, wsets, read_gbps) if prof else []:
             print(f"   profile w={row['width']} (us, median over CTAs; SOLO proxy): "
                   f"{json.dumps({k: v for k, v in row.items() if k not in ('check', 'width')})}", flush=True)
             rows.append(row)

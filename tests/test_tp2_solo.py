@@ -22,7 +22,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
     (["--profile", "17"], {}, "error: --profile '17': 17 outside 1..16"),
     (["--device", "cpu"], {"TRITON_INTERPRET": "0"}, "error: --device cpu: runs the checks in Triton's interpreter"),
     (["--device", "cpu", "--profile", "1"], {"TRITON_INTERPRET": "1"},
-     "error: --device cpu: runs the checks in Triton's interpreter only (TRITON_INTERPRET=1, no --time or --profile)")])
+     "error: --device cpu: runs the checks in Triton's interpreter only (TRITON_INTERPRET=1, no --time, --profile or "
+     "--floor)"),
+    (["--floor"], {}, "error: --floor: counts the bytes of timed or profiled widths; name them (--time, --profile)")])
 def test_bad_input_named_before_any_step(args, env, message, tmp_path):
     _run_refused(args, env, message, tmp_path)
 
@@ -99,3 +101,25 @@ def test_interpreter_script_end_to_end(tmp_path):
     r = subprocess.run([*run, "--widths", "1", "--time", "1"], cwd=ROOT, capture_output=True, text=True, env=env,
                        timeout=120)
     assert r.returncode == 2 and "interpreter only" in r.stderr
+
+
+def test_bytes_counted_against_the_read_rate():
+    """--floor's arithmetic: a route's distinct experts; the profiled expert phase (top-k done to
+    stage 2 done) as TB/s and a share of the read rate; a timed step over its experts' read time,
+    the experts the mean over the weight sets of the reference's routing of rank 0's own part."""
+    from tp2_solo import bytes_row, expert_rate, touched
+
+    from ffnq.weights import shard, synthetic
+    assert touched(torch.tensor([[3, 9], [9, 40], [-1, -1]])) == 3
+    spec = load_model("minimax-m2")
+    per = spec.expert_bytes(2, Experts.ALL)  # 7.08 MB at TP2
+    got = expert_rate({"latest": {"topk": 8.0, "stage2": 28.0}}, 8, spec, 4000.0)
+    assert got["experts"] == 8 and got["expert_mb"] == round(8 * per / 1e6, 1)
+    assert got["expert_tbps"] == round(8 * per / 1e6 / 20.0, 2) and got["of_read"] == round(8 * per / 20e6 / 4.0, 3)
+    tiny = load_model("tiny")
+    sets = [[shard(synthetic(tiny, seed=3 + i), tiny, 2, 0, Experts.ALL)] for i in range(2)]
+    row = bytes_row(tiny, 4, sets, torch.device("cpu"), 50.0, 2000.0)
+    assert 8 <= row["experts"] <= min(4 * 8, tiny.experts)
+    assert row["expert_mb"] == round(row["experts"] * tiny.expert_bytes(2, Experts.ALL) / 1e6, 1)
+    read_us = row["experts"] * tiny.expert_bytes(2, Experts.ALL) / 2000.0e3  # bytes over 2000 GB/s, in us
+    assert row["read_us"] == round(read_us, 1) and row["x_bytes"] == round(50.0 / read_us, 3)
