@@ -119,12 +119,12 @@ def profile_rows(spec, widths, blocks, timeout, dev, wsets, read_gbps: float | N
     experts the profiled launch routed to) and rate against it."""
     import triton_device as td
 
-    td.WORLD, td.RANK = TP, RANK  # its stamp names and inputs are a TP2 rank's; one process, no group
-    td.barrier = lambda: torch.cuda.synchronize(dev)
     tl = Solo(spec, widths, blocks, timeout, dev, timeline=True)
     try:
         tl.r.warm(wsets[0][RANK])
-        got = td.profile(tl.r, spec, [w[RANK] for w in wsets], dev)
+        # its stamp names and inputs are a TP2 rank's; one process, no group to wait for
+        got = td.profile(tl.r, spec, [w[RANK] for w in wsets], dev, world=TP, rank=RANK,
+                         sync=lambda: torch.cuda.synchronize(dev))
         if read_gbps:
             for s in widths:
                 got[s].update(expert_rate(got[s], touched(tl.r.chosen(s)), spec, read_gbps))

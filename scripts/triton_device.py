@@ -47,9 +47,10 @@ def barrier():
         dist.barrier()
 
 
-def inputs(spec, s, seed, pad=True):
+def inputs(spec, s, seed, pad=True, world=None):
+    """One step's inputs: ``world`` ranks' parts (this job's WORLD unless given), the residual, slots."""
     g = torch.Generator().manual_seed(seed)
-    parts = [torch.randn(s, spec.hidden, generator=g).to(torch.bfloat16) for _ in range(WORLD)]
+    parts = [torch.randn(s, spec.hidden, generator=g).to(torch.bfloat16) for _ in range(world or WORLD)]
     resid = torch.randn(s, spec.hidden, generator=g).to(torch.bfloat16)
     slots = torch.arange(s, dtype=torch.int64)
     if pad and s >= 3:
@@ -125,22 +126,28 @@ def row_pick(sub) -> dict:
             "latest": {"arrived": float(sub[arr, 10].max()), "picked": float(sub[last, 11].max())}}
 
 
-def profile(rt, spec, sets, dev):
+def profile(rt, spec, sets, dev, world=None, rank=None, sync=None):
     """Per-phase medians over CTAs (us) from the in-kernel timeline and the kernel's finer stamps
     (scratch "sub"), plus the latest CTA's end of each phase relative to the median start. Timed as
     the bench times: a CUDA graph of 2 x len(sets) launches walking the weight sets (cold L2), the
     stamps read from its last launch; "launch_us" is the graph's time per launch, "span" the last
-    launch's first CTA start to last CTA end, "gap" the difference (launch, prologue, exit)."""
-    cols = {n: i for i, n in enumerate(stamp_names(WORLD))}
+    launch's first CTA start to last CTA end, "gap" the difference (launch, prologue, exit; with
+    several weight sets also the sets' own differences, as the span is the last set's).
+    ``world``, ``rank``, ``sync``: the runner's TP, rank and the barrier between steps (this job's
+    WORLD, RANK and barrier unless given: scripts/tp2_solo.py runs one TP2 rank in one process)."""
+    world = world or WORLD
+    rank = RANK if rank is None else rank
+    sync = sync or barrier
+    cols = {n: i for i, n in enumerate(stamp_names(world))}
     out = {}
     for s in rt.widths:
-        parts, resid, slots = inputs(spec, s, 31 + s, pad=False)
-        p, q, sl = parts[RANK].to(dev), resid.to(dev), slots.to(dev)
+        parts, resid, slots = inputs(spec, s, 31 + s, pad=False, world=world)
+        p, q, sl = parts[rank].to(dev), resid.to(dev), slots.to(dev)
         calls = [w for _ in range(2) for w in sets]
         for w in sets:
             rt(p, q, w, sl)
-        barrier()
-        ts = [x / len(calls) for x in time_steps(lambda: [rt(p, q, w, sl) for w in calls], 10, barrier=barrier,
+        sync()
+        ts = [x / len(calls) for x in time_steps(lambda: [rt(p, q, w, sl) for w in calls], 10, barrier=sync,
                                                  device=dev, graph=True)]
         t = rt.view(s, "timeline").cpu().double()
         sub = rt.view(s, "sub").cpu().double()
@@ -168,7 +175,7 @@ def profile(rt, spec, sets, dev):
         # the two exchanges split: push + publish, wait for the last peer's flag, the rest
         for key, ph, before in (("seam", "seam", "start"), ("red", "reduce", "experts_done")):
             arrive = t[:, cols[f"{ph}_arrive"]]
-            seen = torch.stack([t[:, cols[f"{ph}_seen{r}"]] for r in range(WORLD)]).max(dim=0).values
+            seen = torch.stack([t[:, cols[f"{ph}_seen{r}"]] for r in range(world)]).max(dim=0).values
             for name, a, b in (("push", t[:, cols[before]], arrive), ("wait", arrive, seen),
                                ("rest", seen, t[:, cols[f"{ph}_done"]])):
                 row[f"{key}_{name}"] = med_us(b - a)
