@@ -31,7 +31,8 @@ F8, N, BN = torch.float8_e4m3fn, 16, 64  # fp8 codes; x's token columns (two ter
 
 @triton.jit
 def _item(w, wd, s, x, out, it, NT: tl.constexpr, KS: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr,
-          BN: tl.constexpr, N: tl.constexpr, GU: tl.constexpr, TMA: tl.constexpr, NS: tl.constexpr):
+          BN: tl.constexpr, N: tl.constexpr, GU: tl.constexpr, TMA: tl.constexpr, NS: tl.constexpr,
+          PACK: tl.constexpr = False):
     # item = (expert e, row tile t, K part p); a K step of 128 is one scale block: one MMA per tile
     nn = tl.arange(0, BN)
     kc = tl.arange(0, 128)
@@ -46,16 +47,24 @@ def _item(w, wd, s, x, out, it, NT: tl.constexpr, KS: tl.constexpr, K: tl.conste
     wb = w + row.to(tl.int64) * K + kb
     xb = x + kb
     acc = tl.zeros((BN, N), tl.float32)
+    # (PACK) tile-packed weights (packed()): each K step's [BN, 128] block (gate, then up) contiguous
+    GP: tl.constexpr = 2 if GU else 1
+    pb = w + ((e * NT + t).to(tl.int64) * (K // 128) + kb // 128) * (GP * BN * 128)
+    blk = nn[:, None] * 128 + kc[None, :]
     for k0 in tl.range(0, KP, 128, num_stages=NS):  # (from 0, as the kernel: Triton pipelines it)
         xk = tl.load(xb + cc[None, :] * K + (k0 + kc)[:, None])  # K-major, as the kernel stores x
         if TMA:
             wg = wd.load([row, kb + k0])
+        elif PACK:
+            wg = tl.load(pb + (k0 // 128) * (GP * BN * 128) + blk)
         else:
             wg = tl.load(wb + nn[:, None] * K + k0 + kc[None, :])
         acc += tl.dot(wg, xk) * tl.load(sb + k0 // 128)
         if GU:
             if TMA:
                 wu = wd.load([row + ROWS // 2, kb + k0])
+            elif PACK:
+                wu = tl.load(pb + (k0 // 128) * (GP * BN * 128) + BN * 128 + blk)
             else:
                 wu = tl.load(wb + (ROWS // 2 + nn)[:, None] * K + k0 + kc[None, :])
             acc += tl.dot(wu, xk) * tl.load(sb + (NT * (K // 128)) + k0 // 128)
@@ -65,12 +74,24 @@ def _item(w, wd, s, x, out, it, NT: tl.constexpr, KS: tl.constexpr, K: tl.conste
 @triton.jit
 def expert_items(w, wd, s, x, out, n_items, NT: tl.constexpr, KS: tl.constexpr, K: tl.constexpr,
                  ROWS: tl.constexpr, BN: tl.constexpr, N: tl.constexpr, GU: tl.constexpr, TMA: tl.constexpr,
-                 NS: tl.constexpr):
+                 NS: tl.constexpr, PACK: tl.constexpr = False):
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     it = pid
     while it < n_items:
-        _item(w, wd, s, x, out, it, NT, KS, K, ROWS, BN, N, GU, TMA, NS)
+        _item(w, wd, s, x, out, it, NT, KS, K, ROWS, BN, N, GU, TMA, NS, PACK)
         it += nprog
+
+
+def packed(w: torch.Tensor, bn: int, gu: bool) -> torch.Tensor:
+    """``w`` [experts, rows, K] with each item's K-step blocks contiguous: [experts, tile, K / 128,
+    (gate, up), bn, 128] (gu: the first rows / 2 are the gate rows, the rest the up rows), else
+    [experts, tile, K / 128, bn, 128]."""
+    ne, rows, k = w.shape
+    if gu:
+        v = w.view(ne, 2, rows // 2 // bn, bn, k // 128, 128).permute(0, 2, 4, 1, 3, 5)
+    else:
+        v = w.view(ne, rows // bn, bn, k // 128, 128).permute(0, 1, 3, 2, 4)
+    return v.contiguous()
 
 
 @triton.jit
@@ -180,12 +201,46 @@ def shapes(a, dev, grid: int) -> None:
         del w1, w2
 
 
+def pack_waves(a, dev, sms: int) -> None:
+    """--pack: stage 1's items read row-major against tile-packed (see the option), NS 3 and 4."""
+    for shape in a.pack.split(","):
+        ne, ks, ir, cps = map(int, shape.split(":"))
+        grid, nt = cps * sms, ir // BN
+        sets = weight_sets(a.sets, ne, 2 * ir, H, BN, dev)
+        xt = torch.randn(N, H, device=dev).to(F8)
+        for mode in ("wave", "steady"):
+            groups = sets if mode == "wave" else [(torch.cat([w for w, _ in sets]), torch.cat([s for _, s in sets]))]
+            n_items = ne * nt * ks * (1 if mode == "wave" else a.sets)
+            outs = [torch.empty(n_items, BN, N, device=dev) for _ in groups]
+            checks = [(outs[0], want(*groups[0], xt, nt, ks, BN, True))]
+            for pack in (False, True):
+                ws = [packed(w, BN, True) if pack else w for w, _ in groups]
+                for ns in (3, 4):
+                    args = dict(NT=nt, KS=ks, K=H, ROWS=2 * ir, BN=BN, N=N, GU=True, TMA=False, NS=ns, PACK=pack)
+
+                    def run(ws=ws, args=args):
+                        for w, (_, s), o in zip(ws, groups, outs):
+                            k = expert_items[(grid,)](w, w, s, xt, o, n_items, **args, num_warps=4)
+                        return k
+
+                    _timed(f"{ne} experts I_R={ir} KS={ks} grid {grid} {mode:6s} {'packed' if pack else 'rows  '} "
+                           f"NS={ns}: {n_items} items of {groups[0][0].numel() // n_items // 1024} KB", run, checks,
+                           groups[0][0].numel(), a.reps, dev, len(groups))
+                del ws
+            del groups, outs, checks
+        del sets
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--sets", type=int, default=4, help="weight sets replayed in turn (each cold in the L2)")
     ap.add_argument("--shapes", default="", help="E:KS:BH,... (e.g. 8:2:64,15:1:64,21:2:128): only these "
                                                  "widths' stages, alone and as one sequence")
+    ap.add_argument("--pack", default="", help="E:KS:IR:CPS,... (e.g. 8:2:768:2, TP2's one token): only stage 1's "
+                    "items of E experts (K in KS parts, I_R intermediate rows, CPS CTAs per SM), row-major "
+                    "(as the kernel reads them) against tile-packed (each K step's gate and up blocks one "
+                    "contiguous 16 KB), as a wave (one launch per set) and steady (every set in one launch)")
     a = ap.parse_args()
     dev = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -195,6 +250,9 @@ def main() -> None:
     print(f"floor read kernel: {floor.hbm_read_gbps(dev) / 1e3:.3f} TB/s", flush=True)
     if a.shapes:
         shapes(a, dev, grid)
+        return
+    if a.pack:
+        pack_waves(a, dev, sms)
         return
     # one token's items, 384 of each stage: (rows per expert, K, gate+up, K parts)
     stages = {"stage 1": (2 * I, H, True, 2), "stage 2": (H, I, False, 1)}
