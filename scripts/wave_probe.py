@@ -1,6 +1,6 @@
 """Does a one-token expert wave stream faster with TMA loads? (run on a GPU machine.)
 
-    python scripts/wave_probe.py [--reps 30] [--sets 4]
+    python scripts/wave_probe.py [--reps 30] [--sets 4] [--shapes E:KS:BH,...] [--pack E:KS:IR:CPS,...]
 
 At one token each of the kernel's 396 CTAs (3 per SM) runs one stage-1 item (64 gate + 64 up rows
 of an expert x half of K: 197 KB) and then one stage-2 item (64 rows of w2 x all of I: 98 KB), so
@@ -11,7 +11,9 @@ as pointer loads (what the kernel does: cp.async pipelined by Triton) against TM
 host tensor descriptor, at 3 and 4 pipeline stages, one item per CTA ("wave", 8 experts) and
 several items per CTA ("steady", every weight set in one launch); and both stages' waves as one
 sequence with no wait between them ("both": each CTA's stage-1 item, then a stage-2 item), the
-most a schedule that overlaps the two stages could reach. Each launch reads a weight set
+most a schedule that overlaps the two stages could reach. ``--pack``: stage 1's items with the
+weights row-major (the kernel's reads: 128 B of each of 128 rows a K step) against tile-packed
+(each K step's gate and up blocks one contiguous 16 KB), any width's shape and grid. Each launch reads a weight set
 the L2 does not hold (``--sets`` sets, replayed in turn in one CUDA graph); each variant's item
 sums are checked against torch before it is timed.
 """
