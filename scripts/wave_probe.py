@@ -204,29 +204,36 @@ def shapes(a, dev, grid: int) -> None:
 
 
 def pack_waves(a, dev, sms: int) -> None:
-    """--pack: stage 1's items read row-major against tile-packed (see the option), NS 3 and 4."""
+    """--pack: a stage's items read row-major against tile-packed (see the option), NS 3 to 5."""
     for shape in a.pack.split(","):
-        ne, ks, ir, cps = map(int, shape.split(":"))
-        grid, nt = cps * sms, ir // BN
-        sets = weight_sets(a.sets, ne, 2 * ir, H, BN, dev)
-        xt = torch.randn(N, H, device=dev).to(F8)
+        ne, ks, ir, cps, *st = map(int, shape.split(":"))
+        stage = st[0] if st else 1
+        grid = cps * sms
+        # stage 1: w13 [2 I_R, H], gate and up tiles of BN rows, K = H in KS parts; stage 2: w2 [H, I_R],
+        # tiles of BH = 128 rows of H, K = I_R whole (the kernel's stage-2 items from three tokens)
+        gu, bn, rows, K = (True, BN, 2 * ir, H) if stage == 1 else (False, 128, H, ir)
+        ks = ks if stage == 1 else 1
+        nt = (rows // 2 if gu else rows) // bn
+        sets = weight_sets(a.sets, ne, rows, K, bn, dev)
+        xt = torch.randn(N, K, device=dev).to(F8)
         for mode in ("wave", "steady"):
             groups = sets if mode == "wave" else [(torch.cat([w for w, _ in sets]), torch.cat([s for _, s in sets]))]
             n_items = ne * nt * ks * (1 if mode == "wave" else a.sets)
-            outs = [torch.empty(n_items, BN, N, device=dev) for _ in groups]
-            checks = [(outs[0], want(*groups[0], xt, nt, ks, BN, True))]
+            outs = [torch.empty(n_items, bn, N, device=dev) for _ in groups]
+            checks = [(outs[0], want(*groups[0], xt, nt, ks, bn, gu))]
             for pack in (False, True):
-                ws = [packed(w, BN, True) if pack else w for w, _ in groups]
-                for ns in (3, 4):
-                    args = dict(NT=nt, KS=ks, K=H, ROWS=2 * ir, BN=BN, N=N, GU=True, TMA=False, NS=ns, PACK=pack)
+                ws = [packed(w, bn, gu) if pack else w for w, _ in groups]
+                for ns in (3, 4, 5):
+                    args = dict(NT=nt, KS=ks, K=K, ROWS=rows, BN=bn, N=N, GU=gu, TMA=False, NS=ns, PACK=pack)
 
                     def run(ws=ws, args=args):
                         for w, (_, s), o in zip(ws, groups, outs):
                             k = expert_items[(grid,)](w, w, s, xt, o, n_items, **args, num_warps=4)
                         return k
 
-                    _timed(f"{ne} experts I_R={ir} KS={ks} grid {grid} {mode:6s} {'packed' if pack else 'rows  '} "
-                           f"NS={ns}: {n_items} items of {groups[0][0].numel() // n_items // 1024} KB", run, checks,
+                    _timed(f"stage {stage} {ne} experts I_R={ir} KS={ks} grid {grid} {mode:6s} "
+                           f"{'packed' if pack else 'rows  '} NS={ns}: {n_items} items of "
+                           f"{groups[0][0].numel() // n_items // 1024} KB", run, checks,
                            groups[0][0].numel(), a.reps, dev, len(groups))
                 del ws
             del groups, outs, checks
@@ -239,10 +246,11 @@ def main() -> None:
     ap.add_argument("--sets", type=int, default=4, help="weight sets replayed in turn (each cold in the L2)")
     ap.add_argument("--shapes", default="", help="E:KS:BH,... (e.g. 8:2:64,15:1:64,21:2:128): only these "
                                                  "widths' stages, alone and as one sequence")
-    ap.add_argument("--pack", default="", help="E:KS:IR:CPS,... (e.g. 8:2:768:2, TP2's one token): only stage 1's "
-                    "items of E experts (K in KS parts, I_R intermediate rows, CPS CTAs per SM), row-major "
-                    "(as the kernel reads them) against tile-packed (each K step's gate and up blocks one "
-                    "contiguous 16 KB), as a wave (one launch per set) and steady (every set in one launch)")
+    ap.add_argument("--pack", default="", help="E:KS:IR:CPS[:STAGE],... (e.g. 8:2:768:2, TP2's one token): only "
+                    "one stage's items of E experts (stage 1, the default: K in KS parts; I_R intermediate rows; "
+                    "CPS CTAs per SM; stage 2: 128-row tiles of w2, K whole), row-major (as the kernel reads them) "
+                    "against tile-packed (each K step's blocks contiguous: stage 1's gate and up 16 KB, stage 2's "
+                    "16 KB), as a wave (one launch per set) and steady (every set in one launch)")
     a = ap.parse_args()
     dev = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
