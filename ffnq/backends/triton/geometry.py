@@ -308,6 +308,11 @@ def geometry(key) -> dict:
     # end of the item before, behind that item's epilogue, not at its own start: bit 1 stage 2,
     # bit 2 stage 1 (there with the route weights its epilogue needs read before its loop)
     hp = _allowed("HP", tune.get("HP", 0), (0, 1, 2, 3), "0 (off), 1 (stage 2), 2 (stage 1) or 3 (both)")
+    # PK: stage 1 reads w13 tile-packed by the runner (runner.packed_w13: each K step's gate and up
+    # blocks one contiguous 2 x BN x 128 bytes, not 128 bytes of each of 2 x BN rows H apart): the
+    # loop alone 4-6% faster at TP2's shapes on an H100, w2 packed the same way ~1% (dev rounds
+    # 131-132, scripts/wave_probe.py --pack)
+    pk = _allowed("PK", tune.get("PK", 0), (0, 1), "0 (w13 as given) or 1 (w13 tile-packed by the runner)")
     # PLR's FMAs hold [rows, CHP2, E] products: over chunks of more than 16 columns (a grid under
     # H / 16 CTAs: an H20's 156, the pair proxy's 132) they spilled from four rows (sm_90 offline,
     # 78 SMs, the table's PLR: 16-656 B at TP1's and TP2's 4-16 tokens; none with the 16-row dot),
@@ -322,7 +327,7 @@ def geometry(key) -> dict:
                  SOLO=solo, FR=fr, KH=kh, A8=a8,
                  A8T=a8t, DQ=dq, HP=hp,
                  SQ2=min(16, max(_p2(key.tokens), sq2)), FW=bool(tune.get("FW", 0)), X8T=x8t,
-                 EW=bool(tune.get("EW", int(key.tp == 1))))
+                 EW=bool(tune.get("EW", int(key.tp == 1))), PK=pk if i_r else 0)
     nsl, nht = max(1, nslot), H // bh
     # PS: phase E sums each H tile's slots as their stage-2 items finish (one counter per slot and
     # tile), not after the tile's last slot (one counter per tile)

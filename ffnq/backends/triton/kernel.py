@@ -33,6 +33,7 @@ step does, for one width S:
               act[j] = silu(g)*u*routing weight (fp16 scratch); done1[j] += 1.
               A CTA runs every BLOCKS-th item, or (DQ) after its first the next free
               ticket of one counter for both stages (stage 2's items numbered after stage 1's).
+              (PK) w13 as the runner packs it: each K step's gate and up blocks contiguous.
      -- no barrier: a stage-2 item waits for done1[j] == I_R/BN --
   D  stage 2  work items (active expert j, BH-row tile of H): ypart[j]^T = sum_k scale_k (w2 tile_k) @
               act[j]^T (swap AB, fp16 operands), fp32 scratch; done2[tile] += 1.
@@ -115,7 +116,7 @@ def ffn_kernel(
     A8T: tl.constexpr, FLAGB: tl.constexpr, DQ: tl.constexpr, HP: tl.constexpr, QOFF: tl.constexpr,
     SC_ACT8: tl.constexpr, SC_ASC: tl.constexpr, FW: tl.constexpr, X8T: tl.constexpr,
     PS: tl.constexpr, PSO: tl.constexpr, NSLP2: tl.constexpr, EW: tl.constexpr, SPS: tl.constexpr,
-    SC_INV: tl.constexpr,
+    SC_INV: tl.constexpr, PK: tl.constexpr,
 ):
     SP: tl.constexpr = 16  # row tile (tl.dot needs M >= 16); rows >= S are masked / zero
     BK: tl.constexpr = 128  # K tile of the expert GEMMs: one scale block
@@ -492,14 +493,28 @@ def ffn_kernel(
                 # terms; fp16: hi, lo), one MMA per weight tile and K step; the terms summed at the end
                 acc_g = tl.zeros((BN, NX * SQ), tl.float32)
                 acc_u = tl.zeros((BN, NX * SQ), tl.float32)
-                for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
-                    xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
-                    wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
-                    wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
-                    sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
-                    su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
-                    acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
-                    acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
+                if PK:
+                    # (PK) w13 tile-packed by the runner (runner.packed_w13): each K step's [BN, 128]
+                    # gate block and then its up block one contiguous 2 x BN x 128 bytes
+                    pbase = w13 + le * (2 * I_R * H) + (t * (H // BK) + kb // BK) * (2 * BN * BK)
+                    blk = nn[:, None] * BK + kc2[None, :]
+                    for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
+                        xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
+                        wg = tl.load(pbase + (k0 // BK) * (2 * BN * BK) + blk)
+                        wu = tl.load(pbase + (k0 // BK) * (2 * BN * BK) + BN * BK + blk)
+                        sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
+                        su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
+                        acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
+                        acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
+                else:
+                    for k0 in tl.range(0, KSTEP, BK, num_stages=NS):
+                        xk = tl.load(xb + xo2 + kb + k0, mask=xm2, other=0.0)  # x terms^T tile [BK, NX*SP]
+                        wg = tl.load(wbase + r1[:, None] * H + k0 + kc2[None, :])
+                        wu = tl.load(wbase + (I_R + r1)[:, None] * H + k0 + kc2[None, :])
+                        sg = tl.load(sbase + ((t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
+                        su = tl.load(sbase + ((I_R + t * BN) // 128) * (H // 128) + k0 // 128) * SHIFT
+                        acc_g = _mma_sc(wg, sg, xk, acc_g, INTERP, IS_HIP, SACC)
+                        acc_u = _mma_sc(wu, su, xk, acc_u, INTERP, IS_HIP, SACC)
                 if HP & 2:  # the next item and its expert, their round trips behind this epilogue
                     wn = _next_item(w, nxt, BLOCKS, DQ)
                     hej = tl.load(ecta + wn // (KS * NT), mask=wn < n_items, other=0)

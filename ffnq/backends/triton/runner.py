@@ -44,6 +44,38 @@ class SettledWeights:
         return True
 
 
+def packed_w13(w13: torch.Tensor, bn: int) -> torch.Tensor:
+    """(PK) w13 [experts, 2 I_R, H] tile-packed as the kernel reads it: [experts, I_R / bn, H / 128,
+    (gate, up), bn, 128], each K step's gate block and then its up block contiguous (row-major,
+    a step reads 128 bytes of each of 2 x bn rows H bytes apart)."""
+    ne, rows, h = w13.shape
+    v = w13.view(torch.uint8).view(ne, 2, rows // 2 // bn, bn, h // 128, 128).permute(0, 2, 4, 1, 3, 5)
+    return v.contiguous().view(w13.dtype).view(ne, rows, h)
+
+
+class PackedWeights:
+    """(PK) Each w13 tensor's packed copy, made on its first launch and kept while the tensor
+    lives (weakly keyed; remade if the tensor was written in place since, by its version count).
+    Packing launches torch copies, so it must not happen while a CUDA graph is captured: a step
+    run eagerly before the capture (as the bench and the runner's warm do) makes it."""
+
+    def __init__(self):
+        self._packed: list[tuple] = []  # (weakref to w13, bn, its version when packed, the packed copy)
+
+    def get(self, w13: torch.Tensor, bn: int) -> torch.Tensor:
+        for ref, b, version, p in self._packed:  # by identity (a tensor's == is elementwise)
+            if ref() is w13 and b == bn and version == w13._version:
+                return p
+        if w13.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise UsageError("weights: w13 is not packed for the Triton build (PK) yet; run one step on them "
+                             "before capturing a CUDA graph")
+        # the copies of freed or since rewritten tensors go when a new one is made
+        self._packed = [e for e in self._packed if e[0]() is not None and not (e[0]() is w13 and e[1] == bn)]
+        p = packed_w13(w13, bn)
+        self._packed.append((weakref.ref(w13), bn, w13._version, p))
+        return p
+
+
 class TritonRunner(Runner):
     backend = "triton"
     # gloo for the jobs' cpu-tensor collectives (records, clock offsets, checksums), NCCL for
@@ -145,6 +177,7 @@ class TritonRunner(Runner):
         self._info: dict[int, dict] = {}
         self._dummy = {}
         self._settled = SettledWeights()
+        self._pk = PackedWeights()
         # the widths whose builds read weights before the PDL wait (a GPU stream to wait for)
         self._early = {s for (s, _), cx in self._cx.items() if cx.get("EW") and cx.get("PDL")} \
             if self.device.type == "cuda" else set()
@@ -152,23 +185,27 @@ class TritonRunner(Runner):
     def scratch_extra(self, key) -> list:
         return G.scratch_extra(key)
 
-    def _weights(self, w):
-        """The weight tensors the kernel reads (a one-element stand-in where a mode has none)."""
+    def _weights(self, w, s: int):
+        """The weight tensors width ``s``'s kernel reads (a one-element stand-in where a mode has
+        none; PK: w13 packed)."""
         def dummy(dtype):
             if dtype not in self._dummy:
                 self._dummy[dtype] = torch.zeros(16, dtype=dtype, device=self.device)
             return self._dummy[dtype]
         out = [w.post_norm, w.router, w.router_bias]
+        cx = self._cx[(s, False)]
         for name in ("w13", "s13", "w2", "s2"):
             t = getattr(w, name)
             if self.experts is Experts.NONE or t.numel() == 0:
                 t = dummy(t.dtype)
+            elif name == "w13" and cx["PK"]:
+                t = self._pk.get(t, cx["BN"])
             out.append(t)
         return out
 
     def _args(self, s, part, residual, slots, out, res_out, weights):
         first = int(getattr(weights, "first_expert", 0)) if self.experts is Experts.LOCAL else 0
-        return [part, residual, slots, out, res_out, *self._weights(weights), self.scratch[s], self.peers,
+        return [part, residual, slots, out, res_out, *self._weights(weights, s), self.scratch[s], self.peers,
                 self.epoch, self.inject, self.params, self.rank, first]
 
     def _launch(self, s, args, final=False):

@@ -16,7 +16,7 @@ ENV = "FFNQ_TRITON_TUNE"
 # runner.blocks_for read (tests/test_triton_tune.py checks the source's reads against it)
 KEYS = frozenset({
     "A8", "A8T", "BH", "BN", "CHK", "COOP", "CPS", "DQ", "EW", "F8", "FENCE", "FR", "FW", "HP", "JB", "KH", "KS",
-    "KSFIX", "LL", "NS", "NS2", "NSS", "PDL", "PLR", "PRE", "PS", "R", "RPG", "RTOP", "SACC", "SOLO", "SORT", "SPS",
+    "KSFIX", "LL", "NS", "NS2", "NSS", "PDL", "PK", "PLR", "PRE", "PS", "R", "RPG", "RTOP", "SACC", "SOLO", "SORT", "SPS",
     "SQ", "SQ2", "X8T",
 })
 # G<w>: width w's grid; R<w>: its register cap (ptxas maxnreg; also R@w, or R at every width)
