@@ -278,3 +278,16 @@ def test_sum_of_each_rows_own_slots_geometry(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "SPS=3")
     with pytest.raises(ValueError, match="SPS=3"):
         G.geometry(key)
+
+
+def test_packed_w13_by_default(monkeypatch):
+    """v48: every build with experts reads w13 tile-packed (PK); PK=0 reads it as given; others refused."""
+    spec = load_model("minimax-m2")
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+    assert all(G.geometry(offline.build_key(spec, tp, Experts.ALL, s))["PK"] == 1 for tp in (1, 2) for s in (1, 7, 16))
+    assert G.geometry(offline.build_key(spec, 1, Experts.NONE, 4))["PK"] == 0  # no experts: no w13 read
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PK=0")
+    assert G.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["PK"] == 0
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PK=2")
+    with pytest.raises(ValueError, match="PK=2"):
+        G.geometry(offline.build_key(spec, 2, Experts.ALL, 4))

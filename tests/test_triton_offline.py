@@ -309,7 +309,7 @@ def _claims_and_items(r, S: int) -> tuple[int, list]:
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "A8T=4", "DQ=1",
-                                  "HP=3", "HP=3,A8=0,DQ=1"])
+                                  "HP=3", "HP=3,A8=0,DQ=1", "PK=0"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
@@ -320,7 +320,8 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), on
     four act terms (A8T=4), with a CTA's items after its first from one counter (DQ=1,
     TP1's 4-16 tokens), and with each stage-2 item's header read at the end of the item before
-    (HP=3: both stages), on the fp8 act and on the fp16 one."""
+    (HP=3: both stages), on the fp8 act and on the fp16 one, and with w13 as given (PK=0: the
+    default reads it tile-packed by the runner, v48)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference

@@ -309,10 +309,15 @@ def geometry(key) -> dict:
     # bit 2 stage 1 (there with the route weights its epilogue needs read before its loop)
     hp = _allowed("HP", tune.get("HP", 0), (0, 1, 2, 3), "0 (off), 1 (stage 2), 2 (stage 1) or 3 (both)")
     # PK: stage 1 reads w13 tile-packed by the runner (runner.packed_w13: each K step's gate and up
-    # blocks one contiguous 2 x BN x 128 bytes, not 128 bytes of each of 2 x BN rows H apart): the
+    # blocks one contiguous 2 x BN x 128 bytes, not 128 bytes of each of 2 x BN rows H apart). The
     # loop alone 4-6% faster at TP2's shapes on an H100, w2 packed the same way ~1% (dev rounds
-    # 131-132, scripts/wave_probe.py --pack)
-    pk = _allowed("PK", tune.get("PK", 0), (0, 1), "0 (w13 as given) or 1 (w13 tile-packed by the runner)")
+    # 131-132, scripts/wave_probe.py --pack). v48, on by default (H100, side by side): TP2's solo
+    # proxy (dev round 133, twice, p50 us) 1 token 41.0, 40.9 against 40.7, 40.9; 2 58.8, 59.9 /
+    # 61.2, 60.4; 3 73.6, 73.7 / 74.9, 74.8; 4 86.5, 86.6 / 90.0, 89.9; 6 107.5 / 112.1; 8 125.5 /
+    # 130.0; 12 156.3 / 161.5, 161.3; 16 181.3 / 187.7; TP1 through the CLI bench (dev round 134)
+    # 59.1 / 89.4 / 153.5 / 232.2 / 354.0 against 59.0 / 90.9 / 157.4 / 238.8 / 364.9 at 1 / 2 /
+    # 4 / 8 / 16 tokens. The runner keeps one packed copy of each w13 (PackedWeights)
+    pk = _allowed("PK", tune.get("PK", 1), (0, 1), "0 (w13 as given) or 1 (w13 tile-packed by the runner)")
     # PLR's FMAs hold [rows, CHP2, E] products: over chunks of more than 16 columns (a grid under
     # H / 16 CTAs: an H20's 156, the pair proxy's 132) they spilled from four rows (sm_90 offline,
     # 78 SMs, the table's PLR: 16-656 B at TP1's and TP2's 4-16 tokens; none with the 16-row dot),

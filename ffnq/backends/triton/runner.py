@@ -70,7 +70,8 @@ class PackedWeights:
             raise UsageError("weights: w13 is not packed for the Triton build (PK) yet; run one step on them "
                              "before capturing a CUDA graph")
         # the copies of freed or since rewritten tensors go when a new one is made
-        self._packed = [e for e in self._packed if e[0]() is not None and not (e[0]() is w13 and e[1] == bn)]
+        self._packed = [e for e in self._packed if e[0]() is not None
+                        and not (e[0]() is w13 and (e[1] == bn or e[2] != w13._version))]
         p = packed_w13(w13, bn)
         self._packed.append((weakref.ref(w13), bn, w13._version, p))
         return p

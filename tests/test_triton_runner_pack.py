@@ -1,0 +1,52 @@
+"""The Triton runner's packed w13 (PK, v48): the layout the kernel's stage 1 reads, one copy per
+w13 tensor object, remade after an in-place write, and handed only to the builds that read it."""
+import pytest
+import torch
+
+from ffnq.backends.triton.runner import PackedWeights, packed_w13
+
+
+def test_packed_layout_is_each_k_steps_gate_then_up_block():
+    ne, i_r, h, bn = 2, 8, 256, 4
+    w = torch.arange(ne * 2 * i_r * h, dtype=torch.int32).remainder(251).to(torch.uint8).view(ne, 2 * i_r, h)
+    w = w.view(torch.float8_e4m3fn)
+    p = packed_w13(w, bn)
+    assert p.shape == w.shape and p.dtype == w.dtype and p.is_contiguous()
+    flat = p.view(torch.uint8).view(ne, i_r // bn, h // 128, 2, bn, 128)
+    raw = w.view(torch.uint8)
+    for e, t, kb, half, r in [(0, 0, 0, 0, 0), (1, 1, 1, 1, 3), (0, 1, 0, 1, 2), (1, 0, 1, 0, 1)]:
+        row = half * i_r + t * bn + r  # gate rows first, the up rows I_R further
+        assert torch.equal(flat[e, t, kb, half, r], raw[e, row, kb * 128:(kb + 1) * 128])
+
+
+def test_one_copy_per_tensor_remade_after_an_in_place_write():
+    pk = PackedWeights()
+    w = torch.randn(2, 16, 256).to(torch.float8_e4m3fn)
+    a = pk.get(w, 4)
+    assert pk.get(w, 4) is a  # the same tensor object: the same copy
+    assert pk.get(w, 8) is not a  # another tile height: its own layout
+    other = w.clone()  # equal values, another tensor: packed anew
+    assert pk.get(other, 4) is not a
+    w.view(torch.uint8)[0, 0, 0] ^= 1  # written in place: its version moved on
+    b = pk.get(w, 4)
+    assert b is not a and torch.equal(b.view(torch.uint8), packed_w13(w, 4).view(torch.uint8))
+    del other
+    fresh = w.clone()
+    pk.get(fresh, 4)  # a miss: the copies of freed tensors (other's) go, and w's of its old version
+    assert sorted(id(ref()) for ref, *_ in pk._packed) == sorted([id(w), id(fresh)])
+
+
+@pytest.mark.parametrize("tune, packed", [("", True), ("PK=0", False)])
+def test_only_builds_that_read_it_get_the_packed_copy(tune, packed, monkeypatch):
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a runner on this CPU: its constexprs, no launch
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.spec import Experts, load_model
+    from ffnq.weights import shard, synthetic
+    spec = load_model("tiny")
+    w = shard(synthetic(spec, seed=1), spec, 1, 0, Experts.ALL)
+    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
+    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[2], model=spec)
+    got = r._weights(w, 2)[3]
+    assert (got is not w.w13) == packed
+    assert torch.equal(got.view(torch.uint8), (packed_w13(w.w13, 64) if packed else w.w13).view(torch.uint8))
