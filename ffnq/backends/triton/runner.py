@@ -3,6 +3,11 @@
 One compiled kernel per width (tokens S is a constexpr), launched as a cooperative grid of
 blocks_for(S) CTAs. Under TRITON_INTERPRET=1 (CPU, TP1 only) each step runs as four launches
 (STAGE 1..5), since the interpreter runs CTAs one after another and grid barriers would hang.
+
+The first launch on a weights object's tensors prepares them: the stream is waited for once (EW
+builds, SettledWeights) and w13 is packed into the layout stage 1 reads (PK, PackedWeights: one
+more copy of w13 while the tensor lives, remade after an in-place write). So that first launch
+must run eagerly, not inside a CUDA-graph capture (warm and the bench's timers do so).
 """
 from __future__ import annotations
 
@@ -46,8 +51,8 @@ class SettledWeights:
 
 def packed_w13(w13: torch.Tensor, bn: int) -> torch.Tensor:
     """(PK) w13 [experts, 2 I_R, H] tile-packed as the kernel reads it: [experts, I_R / bn, H / 128,
-    (gate, up), bn, 128], each K step's gate block and then its up block contiguous (row-major,
-    a step reads 128 bytes of each of 2 x bn rows H bytes apart)."""
+    (gate, up), bn, 128], each K step's gate block and then its up block contiguous (as given, a
+    K step of a tile reads 128 bytes of each of its 2 x bn rows, H bytes apart)."""
     ne, rows, h = w13.shape
     v = w13.view(torch.uint8).view(ne, 2, rows // 2 // bn, bn, h // 128, 128).permute(0, 2, 4, 1, 3, 5)
     return v.contiguous().view(w13.dtype).view(ne, rows, h)
@@ -55,7 +60,9 @@ def packed_w13(w13: torch.Tensor, bn: int) -> torch.Tensor:
 
 class PackedWeights:
     """(PK) Each w13 tensor's packed copy, made on its first launch and kept while the tensor
-    lives (weakly keyed; remade if the tensor was written in place since, by its version count).
+    lives (held by a weak reference to the tensor object, as SettledWeights: a freed tensor's
+    address reused is new weights; remade if the tensor was written in place since, by its
+    version count).
     Packing launches torch copies, so it must not happen while a CUDA graph is captured: a step
     run eagerly before the capture (as the bench and the runner's warm do) makes it."""
 
