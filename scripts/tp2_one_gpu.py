@@ -152,11 +152,16 @@ def graph_check(pair, s, full, spec, ws, cache, steps=8) -> dict:
     return row
 
 
+def timed_inputs(spec, s, dev):
+    """The inputs cold_step_us times width ``s`` on (no padding row)."""
+    return inputs(spec, s, 60 + s, dev, pad=False)
+
+
 def cold_step_us(pair, spec, s, wsets, samples: int = 200) -> float:
     """p50 us of one paired step with the weights rotating over ``wsets`` (each more than the L2
     holds), replayed as a CUDA graph of one step per set, as the bench times a width: a
     side-by-side proxy for build choices, not a 2xH200 step time."""
-    parts, resid, slots = inputs(spec, s, 60 + s, pair.dev, pad=False)
+    parts, resid, slots = timed_inputs(spec, s, pair.dev)
     outs = poisoned(parts, resid)
 
     def cycle():

@@ -42,7 +42,7 @@ import time
 import pandas as pd
 import torch
 
-from tp2_one_gpu import cold_step_us, inputs, poisoned
+from tp2_one_gpu import cold_step_us, inputs, poisoned, timed_inputs
 
 from ffnq import reference, report
 from ffnq.backends import symm
@@ -151,7 +151,7 @@ def expert_rate(prof: dict, n_experts: int, spec, read_gbps: float) -> dict:
 def bytes_row(spec, s, wsets, dev, step_us: float, read_gbps: float) -> dict:
     """The timed step's experts (cold_step_us's inputs, the mean over the sets, as the bench's
     floor) and the step over their bytes' read time."""
-    parts, resid, slots = inputs(spec, s, 60 + s, dev, pad=False)
+    parts, resid, slots = timed_inputs(spec, s, dev)
     n = [touched(reference.chosen(parts[RANK:RANK + 1], resid, slots, w[RANK], spec)) for w in wsets]
     mb = sum(n) / len(n) * spec.expert_bytes(TP, Experts.ALL) / 1e6
     read_us = mb / (read_gbps / 1e3)
