@@ -54,3 +54,12 @@ def job_pids(under: Path | str) -> list[int]:
         if "ffnq.jobs." in cmd and str(under) in cmd:
             pids.append(int(d.name))
     return pids
+
+
+def script_module(name: str):
+    """scripts/<name>.py imported as a module (the scripts are no package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, TESTS.parent / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -3,17 +3,11 @@ from Triton 3.6: a data edge from an item's counter wait to its act's address (o
 nothing), items fixed by the step index (a carried item id loads nothing ahead) and no CTA
 barrier in the body (then nothing is pipelined), which a barrier as inline PTX is not (the removed
 FL, a7867f2)."""
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import script_module
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("flat_loop_probe", ROOT / "scripts" / "flat_loop_probe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return script_module("flat_loop_probe")
 
 
 def test_what_one_loop_over_the_items_needs():

@@ -1,19 +1,12 @@
 """scripts/triton_device.py's row-pick profile (kernel stamps 10 and 11) from a hand-made stamp table."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "triton_device.py"
+from helpers import script_module
 
 
 @pytest.fixture(scope="module")
 def device_script():
-    spec = importlib.util.spec_from_file_location("triton_device", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return script_module("triton_device")
 
 
 def _sub(rows):

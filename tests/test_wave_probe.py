@@ -1,20 +1,14 @@
 """scripts/wave_probe.py --pack: the tile-packed layout holds each stage-1 item's K-step blocks
 (gate, then up) contiguously, and the probe's packed loads read the items the row-major ones do."""
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import script_module
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("wave_probe", ROOT / "scripts" / "wave_probe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return script_module("wave_probe")
 
 
 def test_packed_layout_is_the_items_blocks_in_order():
