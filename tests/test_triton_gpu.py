@@ -85,6 +85,36 @@ def test_graph_replay_moves_the_epoch(tiny):
     pb.close()
 
 
+def test_capture_of_weights_not_yet_packed_is_named(tiny):
+    """PK (v48): a first launch on new weights packs w13 with torch copies, which a CUDA-graph
+    capture must not record: named, not captured; after one eager step the capture works."""
+    from ffnq.errors import UsageError
+    spec, full = tiny
+    w = shard(full, spec, 1, 0, Experts.ALL, device=DEV)
+    pb = TritonRunner.open_peers(spec, 1, 0, DEV, "p")
+    r = TritonRunner(1, 0, pb.sym, pb.peers, DEV, widths=[2], model=spec)
+    r.warm(w)
+    fresh = shard(synthetic(spec, seed=12, device=DEV), spec, 1, 0, Experts.ALL, device=DEV)
+    parts, resid, slots = _inputs(spec, 2, 8)
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with pytest.raises(UsageError, match="w13 is not packed"):
+        with torch.cuda.stream(st), torch.cuda.graph(torch.cuda.CUDAGraph()):
+            r(parts[0], resid, fresh, slots)
+    torch.cuda.synchronize()
+    r.reset()
+    eager, _ = r(parts[0], resid, fresh, slots)
+    g = torch.cuda.CUDAGraph()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st), torch.cuda.graph(g):
+        out, _ = r(parts[0], resid, fresh, slots)
+    torch.cuda.current_stream().wait_stream(st)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    pb.close()
+
+
 def test_residency_refusal(tiny):
     spec, full = tiny
     w = shard(full, spec, 1, 0, Experts.ALL, device=DEV)
