@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import pandas as pd
 import torch
@@ -49,7 +50,7 @@ from ffnq.backends import symm
 from ffnq.backends.triton import TritonRunner, tune
 from ffnq.errors import UsageError
 from ffnq.floor import hbm_read_gbps
-from ffnq.jobs.bench import ROTATE_SETS_GPU
+from ffnq.jobs import bench
 from ffnq.launch import parse_widths
 from ffnq.spec import Experts, load_model
 from ffnq.weights import shard, synthetic
@@ -134,9 +135,14 @@ def profile_rows(spec, widths, blocks, timeout, dev, wsets, read_gbps: float | N
                  **{k: v for k, v in got[s].items() if not k.startswith(("seam_", "red_"))}) for s in widths]
 
 
+def _bench_job(spec) -> SimpleNamespace:
+    """What ffnq.jobs.bench's floor reads of a job, for rank 0's shard of every expert (Experts ALL)."""
+    return SimpleNamespace(experts=Experts.ALL, model=spec, tp=TP)
+
+
 def touched(route: torch.Tensor) -> int:
-    """Distinct experts of a route [s, k] (padding rows -1): all of them are rank 0's (Experts ALL)."""
-    return int(torch.unique(route[route >= 0]).numel())
+    """Distinct experts of a route [s, k] (padding rows -1), as the bench's floor counts them."""
+    return bench.touched(_bench_job(None), route)
 
 
 def expert_rate(prof: dict, n_experts: int, spec, read_gbps: float) -> dict:
@@ -149,14 +155,13 @@ def expert_rate(prof: dict, n_experts: int, spec, read_gbps: float) -> dict:
 
 
 def bytes_row(spec, s, wsets, dev, step_us: float, read_gbps: float) -> dict:
-    """The timed step's experts (cold_step_us's inputs, the mean over the sets, as the bench's
-    floor) and the step over their bytes' read time."""
+    """The timed step's experts (cold_step_us's inputs: the bench's floor of rank 0's own part over
+    the sets, with no link) and the step over their bytes' read time."""
     parts, resid, slots = timed_inputs(spec, s, dev)
-    n = [touched(reference.chosen(parts[RANK:RANK + 1], resid, slots, w[RANK], spec)) for w in wsets]
-    mb = sum(n) / len(n) * spec.expert_bytes(TP, Experts.ALL) / 1e6
-    read_us = mb / (read_gbps / 1e3)
-    return dict(experts=round(sum(n) / len(n), 2), expert_mb=round(mb, 1), read_us=round(read_us, 1),
-                x_bytes=round(step_us / read_us, 3))
+    f = bench.floor_row(_bench_job(spec), (read_gbps, 0.0), (parts[RANK:RANK + 1], resid, slots),
+                        [w[RANK] for w in wsets])
+    return dict(experts=round(f["touched_experts"], 2), expert_mb=round(f["weight_bytes"] / 1e6, 1),
+                read_us=round(f["floor_us"], 1), x_bytes=round(step_us / f["floor_us"], 3))
 
 
 def main() -> int:
@@ -216,7 +221,7 @@ def main() -> int:
             del expect
             cache.clear()
             wsets = [ws] + [[shard(synthetic(spec, seed=3 + i, device=dev), spec, TP, RANK, Experts.ALL, device=dev)]
-                            for i in range(1, ROTATE_SETS_GPU)]
+                            for i in range(1, bench.ROTATE_SETS_GPU)]
             if a.floor:
                 read_gbps = hbm_read_gbps(dev)
                 print(f"   floor: HBM read {read_gbps / 1e3:.2f} TB/s (the bench's read kernel, after its warm-up)",
