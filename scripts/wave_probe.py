@@ -25,6 +25,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ffnq import floor
+from ffnq.backends.triton.runner import packed_w13
 from ffnq.timing import warm_median_us
 
 H, I, TOPK = 3072, 1536, 8
@@ -86,14 +87,12 @@ def expert_items(w, wd, s, x, out, n_items, NT: tl.constexpr, KS: tl.constexpr, 
 
 def packed(w: torch.Tensor, bn: int, gu: bool) -> torch.Tensor:
     """``w`` [experts, rows, K] with each item's K-step blocks contiguous: [experts, tile, K / 128,
-    (gate, up), bn, 128] (gu: the first rows / 2 are the gate rows, the rest the up rows), else
-    [experts, tile, K / 128, bn, 128]."""
+    (gate, up), bn, 128] (gu: the first rows / 2 are the gate rows, the rest the up rows; the
+    runner's own layout, packed_w13), else [experts, tile, K / 128, bn, 128]."""
     ne, rows, k = w.shape
     if gu:
-        v = w.view(ne, 2, rows // 2 // bn, bn, k // 128, 128).permute(0, 2, 4, 1, 3, 5)
-    else:
-        v = w.view(ne, rows // bn, bn, k // 128, 128).permute(0, 1, 3, 2, 4)
-    return v.contiguous()
+        return packed_w13(w, bn).view(ne, rows // 2 // bn, k // 128, 2, bn, 128)
+    return w.view(ne, rows // bn, bn, k // 128, 128).permute(0, 1, 3, 2, 4).contiguous()
 
 
 @triton.jit

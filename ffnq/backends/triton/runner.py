@@ -54,8 +54,7 @@ def packed_w13(w13: torch.Tensor, bn: int) -> torch.Tensor:
     (gate, up), bn, 128], each K step's gate block and then its up block contiguous (as given, a
     K step of a tile reads 128 bytes of each of its 2 x bn rows, H bytes apart)."""
     ne, rows, h = w13.shape
-    v = w13.view(torch.uint8).view(ne, 2, rows // 2 // bn, bn, h // 128, 128).permute(0, 2, 4, 1, 3, 5)
-    return v.contiguous().view(w13.dtype).view(ne, rows, h)
+    return w13.view(ne, 2, rows // 2 // bn, bn, h // 128, 128).permute(0, 2, 4, 1, 3, 5).reshape(ne, rows, h)
 
 
 class PackedWeights:
