@@ -102,6 +102,9 @@ class TritonRunner(Runner):
     # runners) keeps it at every width. CDNA keeps BLOCKS (resident at 1 per CU on gfx942's 304,
     # offline tables; never run there).
     CTAS_PER_SM = 2
+    # (PK) one packed copy of each w13 per process, not per runner: the jobs and scripts run
+    # several runners on the same weights (qualify's two runners, the timeline and inject runners)
+    PACKED = PackedWeights()
     GRID_FROM_DEVICE = True
     MEASURED_GRID = True
     NUM_WARPS = G.NUM_WARPS
@@ -184,7 +187,6 @@ class TritonRunner(Runner):
         self._info: dict[int, dict] = {}
         self._dummy = {}
         self._settled = SettledWeights()
-        self._pk = PackedWeights()
         # the widths whose builds read weights before the PDL wait (a GPU stream to wait for)
         self._early = {s for (s, _), cx in self._cx.items() if cx.get("EW") and cx.get("PDL")} \
             if self.device.type == "cuda" else set()
@@ -206,7 +208,7 @@ class TritonRunner(Runner):
             if self.experts is Experts.NONE or t.numel() == 0:
                 t = dummy(t.dtype)
             elif name == "w13" and cx["PK"]:
-                t = self._pk.get(t, cx["BN"])
+                t = self.PACKED.get(t, cx["BN"])
             out.append(t)
         return out
 
