@@ -1,6 +1,7 @@
 """Does a one-token expert wave stream faster with TMA loads? (run on a GPU machine.)
 
     python scripts/wave_probe.py [--reps 30] [--sets 4] [--shapes E:KS:BH,...] [--pack E:KS:IR:CPS,...]
+        [--fused E:IR:BN:S:CPS,...]
 
 At one token each of the kernel's 396 CTAs (3 per SM) runs one stage-1 item (64 gate + 64 up rows
 of an expert x half of K: 197 KB) and then one stage-2 item (64 rows of w2 x all of I: 98 KB), so
@@ -109,6 +110,56 @@ def both_stages(w1, wd1, s1, x1, out1, n1, w2, wd2, s2, x2, out2, n2, NT1: tl.co
         else:
             _item(w2, wd2, s2, x2, out2, it - n1, NT2, 1, K2, ROWS, BH, N, False, TMA, NS)
         it += nprog
+
+
+@triton.jit
+def fused_items(w1, s1, x, w2, s2, out, n_items, NT: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
+                N: tl.constexpr, S: tl.constexpr, HB: tl.constexpr, NS: tl.constexpr, NS2: tl.constexpr):
+    # (--fused) item = (expert e, BN-row tile t of I_R): its gate and up tiles over the whole K
+    # (w1 tile-packed), then at once its act rows times w2's BN columns of every H row (w2 packed
+    # per item: [H, BN] contiguous, HB rows a step): no wait for a whole expert, an [S, H] partial
+    # per item for a sum to add up
+    nn = tl.arange(0, BN)
+    kc = tl.arange(0, 128)
+    cc = tl.arange(0, N)
+    hh = tl.arange(0, HB)
+    blk = nn[:, None] * 128 + kc[None, :]
+    pid, nprog = tl.program_id(0), tl.num_programs(0)
+    it = pid
+    while it < n_items:
+        e = it // NT
+        t = it % NT
+        pb = w1 + (it.to(tl.int64) * (K // 128)) * (2 * BN * 128)
+        sb = s1 + (e * (2 * NT) + t) * (K // 128)
+        acc_g = tl.zeros((BN, N), tl.float32)
+        acc_u = tl.zeros((BN, N), tl.float32)
+        for k0 in tl.range(0, K, 128, num_stages=NS):
+            xk = tl.load(x + cc[None, :] * K + (k0 + kc)[:, None])
+            wg = tl.load(pb + (k0 // 128) * (2 * BN * 128) + blk)
+            wu = tl.load(pb + (k0 // 128) * (2 * BN * 128) + BN * 128 + blk)
+            acc_g += tl.dot(wg, xk) * tl.load(sb + k0 // 128)
+            acc_u += tl.dot(wu, xk) * tl.load(sb + NT * (K // 128) + k0 // 128)
+        a = (acc_g / (1.0 + tl.exp(-acc_g)) * acc_u).to(tl.float16)  # [BN, N]
+        db = w2 + it.to(tl.int64) * (K * BN)
+        for h0 in tl.range(0, K, HB, num_stages=NS2):
+            wd = tl.load(db + (h0 + hh)[:, None] * BN + nn[None, :])  # [HB, BN]
+            sc = tl.load(s2 + it * (K // 128) + (h0 + hh) // 128)  # [HB]: each row's block scale
+            y = tl.dot(wd.to(tl.float16) * sc.to(tl.float16)[:, None], a)  # [HB, N]
+            tl.store(out + (it.to(tl.int64) * S + cc[None, :]) * K + (h0 + hh)[:, None], y, mask=cc[None, :] < S)
+        it += nprog
+
+
+def want_fused(w1: torch.Tensor, s1: torch.Tensor, x: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor,
+               bn: int, S: int) -> torch.Tensor:
+    """fused_items' partials from torch: [items, S, H] (w1 packed [e, nt, K/128, 2, bn, 128], s1
+    [e, 2 nt, K/128]; w2 [items, H, bn], s2 [items, H/128])."""
+    ne, nt, kb = w1.shape[:3]
+    g_u = w1.float() * s1.view(ne, 2, nt, kb).permute(0, 2, 3, 1)[..., None, None]
+    per = torch.einsum("etkgbc,nkc->etgbn", g_u, x.float().view(x.shape[0], kb, 128))  # [e, nt, 2, bn, N]
+    g, u = per[:, :, 0], per[:, :, 1]
+    a = (g / (1 + torch.exp(-g)) * u).half().float().reshape(ne * nt, bn, -1)
+    wd = w2.float() * s2.repeat_interleave(128, dim=1)[..., None]
+    return torch.einsum("ihb,ibn->inh", wd, a)[:, :S]
 
 
 def want(wset: torch.Tensor, sc: torch.Tensor, xt: torch.Tensor, nt: int, ks: int, bn: int, gu: bool) -> torch.Tensor:
@@ -239,6 +290,60 @@ def pack_waves(a, dev, sms: int) -> None:
         del sets
 
 
+def fused(a, dev, sms: int) -> None:
+    """--fused: stage 1 and the down projection in one item (fused_items) against the two stages
+    as the kernel runs them now, each alone (stage 1 tile-packed, whole K; stage 2 128-row tiles of
+    w2 row-major, K whole), wave (one launch per cold set)."""
+    for shape in a.fused.split(","):
+        ne, ir, bn, S, cps = map(int, shape.split(":"))
+        grid, nt = cps * sms, ir // bn
+        n = ne * nt
+        sets = [((torch.randn(ne, 2 * ir, H, device=dev) * 0.5).to(F8),
+                 torch.rand(ne, 2 * nt, H // 128, device=dev) + 0.5,
+                 (torch.randn(n, H, bn, device=dev) * 0.5).to(F8),
+                 torch.rand(n, H // 128, device=dev) + 0.5) for _ in range(a.sets)]
+        w1p = [packed(w1, bn, True) for w1, *_ in sets]
+        x = torch.randn(N, H, device=dev).to(F8)
+        outs = [torch.empty(n, S, H, device=dev) for _ in sets]
+        head = f"{ne} experts I_R={ir} BN={bn} S={S} grid {grid}: {n} items of {3 * bn * H // 1024} KB"
+        nbytes = 3 * ir * H * ne
+        for hb in (128, 256):
+            for ns2 in (3, 4):
+                def run(hb=hb, ns2=ns2):
+                    for i, (_, s1, w2, s2) in enumerate(sets):
+                        k = fused_items[(grid,)](w1p[i], s1, x, w2, s2, outs[i], n, NT=nt, K=H, BN=bn, N=N, S=S,
+                                                 HB=hb, NS=3, NS2=ns2, num_warps=4)
+                    return k
+
+                _timed(f"{head}, fused HB={hb} NS2={ns2}", run,
+                       [(outs[0], want_fused(w1p[0], sets[0][1], x, sets[0][2], sets[0][3], bn, S))], nbytes,
+                       a.reps, dev, a.sets)
+        # the same bytes as two waves, each stage alone, as the kernel's items (stage 2: w2 [H, I_R])
+        t = []
+        w2r = [((torch.randn(ne, H, ir, device=dev) * 0.5).to(F8), torch.rand(ne, H // 128, ir // 128, device=dev) + 0.5)
+               for _ in range(a.sets)]
+        for stage, ws, xs, rows, K, b, gu, pk in ((1, [(p, s1) for p, (_, s1, *_) in zip(w1p, sets)], x, 2 * ir, H,
+                                                   bn, True, True),
+                                                  (2, w2r, torch.randn(N, ir, device=dev).to(F8), H, ir, 128, False,
+                                                   False)):
+            nti = (rows // 2 if gu else rows) // b
+            ni = ne * nti
+            o = [torch.empty(ni, b, N, device=dev) for _ in ws]
+            args = dict(NT=nti, KS=1, K=K, ROWS=rows, BN=b, N=N, GU=gu, TMA=False, NS=3, PACK=pk)
+
+            def run(ws=ws, o=o, xs=xs, args=args, ni=ni):
+                for i, (w, s) in enumerate(ws):
+                    k = expert_items[(grid,)](w, w, s, xs, o[i], ni, **args, num_warps=4)
+                return k
+
+            ref = want(sets[0][0], sets[0][1], xs, nti, 1, b, gu) if stage == 1 else want(*ws[0], xs, nti, 1, b, gu)
+            t.append(_timed(f"{head}, stage {stage} alone ({ni} items)", run, [(o[0], ref)],
+                            ws[0][0].numel(), a.reps, dev, a.sets))
+        if None not in t:
+            print(f"{head}: the two waves {t[0] + t[1]:.1f} us", flush=True)
+        del sets, w1p, w2r, outs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
@@ -250,6 +355,9 @@ def main() -> None:
                     "CPS CTAs per SM; stage 2: 128-row tiles of w2, K whole), row-major (as the kernel reads them) "
                     "against tile-packed (each K step's blocks contiguous: stage 1's gate and up 16 KB, stage 2's "
                     "16 KB), as a wave (one launch per set) and steady (every set in one launch)")
+    ap.add_argument("--fused", default="", help="E:IR:BN:S:CPS,... (e.g. 8:768:32:1:2, TP2's one token): "
+                    "stage 1 with the down projection in one item of BN rows of I_R (w2 packed per item), "
+                    "against the two stages alone")
     a = ap.parse_args()
     dev = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -262,6 +370,9 @@ def main() -> None:
         return
     if a.pack:
         pack_waves(a, dev, sms)
+        return
+    if a.fused:
+        fused(a, dev, sms)
         return
     # one token's items, 384 of each stage: (rows per expert, K, gate+up, K parts)
     stages = {"stage 1": (2 * I, H, True, 2), "stage 2": (H, I, False, 1)}

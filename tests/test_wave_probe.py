@@ -39,3 +39,24 @@ def test_packed_loads_read_the_same_items():
                              GU=True, TMA=False, NS=3, PACK=pack)
         err[name] = ((o - ref).abs().max() / ref.abs().max()).item()
     assert err["rows"] < 1e-4 and err["packed"] < 1e-4 and err["mixed"] > 0.1
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
+def test_fused_items_match_torch():
+    """--fused: each item's stage-1 tile and its down projection against torch's; a w2 scale
+    read from the wrong item is caught."""
+    p = _probe()
+    ne, ir, bn, S = 1, 64, 32, 2
+    nt = ir // bn
+    n = ne * nt
+    w1 = p.packed((torch.randn(ne, 2 * ir, p.H) * 0.5).to(p.F8), bn, True)
+    s1 = torch.rand(ne, 2 * nt, p.H // 128) + 0.5
+    w2 = (torch.randn(n, p.H, bn) * 0.5).to(p.F8)
+    s2 = torch.rand(n, p.H // 128) + 0.5
+    x = torch.randn(p.N, p.H).to(p.F8)
+    ref = p.want_fused(w1, s1, x, w2, s2, bn, S)
+    for scales, ok in ((s2, True), (s2.flip(0), False)):
+        o = torch.full((n, S, p.H), float("nan"))
+        p.fused_items[(2,)](w1, s1, x, w2, scales, o, n, NT=nt, K=p.H, BN=bn, N=p.N, S=S, HB=256, NS=3, NS2=3)
+        err = ((o - ref).abs().max() / ref.abs().max()).item()
+        assert (err < 1e-2) == ok, err
