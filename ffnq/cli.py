@@ -195,7 +195,14 @@ def run_bench(opts, out: Path, json_out: bool):
     lat = summarize(res.tables["latency"])
     bad = lat[lat.check != "OK"]
     verdict = f"{len(lat)} widths, {len(bad)} failed the check before timing: " + ("FAILED" if len(bad) else "OK")
-    show_table(lat, json_out=json_out, title=f"bench {opts.backend} tp{opts.tp} {opts.model} "
+    # the terminal's table: the latencies and their ratios; steps, clocks, touched experts,
+    # rel_err and each width's timing method are in the report (and in --json)
+    rest = [c for c in ("steps", "sm_mhz", "touched_experts", "rel_err", "timing") if c in lat.columns]
+    how = None
+    if "timing" in lat and lat.timing.notna().any():
+        how = f"timing: {lat.timing.dropna().iloc[0]} (each width's in the report)"
+    show_table(lat, json_out=json_out, columns=None if json_out else [c for c in lat.columns if c not in rest],
+               caption=how, title=f"bench {opts.backend} tp{opts.tp} {opts.model} "
                f"experts={opts.experts} layers={opts.layers} seed={opts.seed} (us per step)")
     path = write_report(out, "bench", opts.backend, opts.tp, lat, meta=_meta(opts, res), verdict=verdict,
                         tables={"per_rank": res.tables["latency"]}, notes=capped_note(lat))

@@ -64,21 +64,51 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _whole_cols(df: pd.DataFrame, cols: list[str]) -> set[str]:
+    """Float columns whose values are all whole numbers: a width or a count that pandas made float
+    (a mixed table's blanks are NaN), printed as 10, not 10.0 beside 9."""
+    out = set()
+    for c in cols:
+        v = df[c]
+        if pd.api.types.is_float_dtype(v):
+            v = v.dropna()
+            if len(v) and bool(((v % 1) == 0).all()) and bool((v.abs() < 1e15).all()):
+                out.add(c)
+    return out
+
+
+def _cell(v, whole: bool) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else str(int(v)) if whole else _fmt(v)
+
+
 def show_table(df: pd.DataFrame, *, json_out: bool = False, title: str | None = None,
-               columns: list[str] | None = None) -> None:
-    """The one output function: a rich Table, or the rows as JSON on stdout."""
+               columns: list[str] | None = None, caption: str | None = None) -> None:
+    """The one output function: a rich Table (``caption`` under it), or the rows as JSON on stdout."""
     cols = [c for c in (columns or list(df.columns)) if c in df.columns]
     if json_out:
         sys.stdout.write(json.dumps({"title": title, "rows": _records(df[cols])}, default=str) + "\n")
         return
-    t = Table(title=title, title_justify="left")
+    # a long text that every row repeats (bench's timing method) is said once, under the table:
+    # as a column it took the width the numbers need, and rich cut them ("11" for 112.4)
+    same = [c for c in cols if len(df) > 1 and not pd.api.types.is_numeric_dtype(df[c])
+            and df[c].nunique(dropna=False) == 1 and len(str(df[c].iloc[0])) > 30]
+    cols = [c for c in cols if c not in same]
+    caption = "; ".join([f"{c}: {df[c].iloc[0]}" for c in same] + ([caption] if caption else [])) or None
+    t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    whole = _whole_cols(df, cols)
+    text = {c: [_cell(v, c in whole) for v in df[c]] for c in cols}
     for c in cols:
-        t.add_column(c, justify="right" if pd.api.types.is_numeric_dtype(df[c]) else "left",
-                     overflow="fold", no_wrap=c not in WRAP)
-    for row in df[cols].itertuples(index=False):
+        num = pd.api.types.is_numeric_dtype(df[c])
+        wide = max(map(len, text[c]), default=1)
+        # nothing is cut at the terminal's edge (rich crops a table its unwrappable cells overfill:
+        # "24" for 2428.9): long texts (a timing method naming each width's burst) fold first, and
+        # on a narrow terminal a number folds onto a second line rather than lose digits
+        t.add_column(c, justify="right" if num else "left", overflow="fold",
+                     no_wrap=c not in WRAP and not num and wide <= 30)
+    for i in range(len(df)):
         cells = []
-        for c, v in zip(cols, row):
-            s = _fmt(v)
+        for c in cols:
+            s = text[c][i]
             if c == "status" or c == "result":
                 color = "green" if s in ("PASS", "OK") else "yellow" if s == "SKIP" else "bold red"
                 s = f"[{color}]{s}[/]"
@@ -94,8 +124,9 @@ def _records(df: pd.DataFrame) -> list[dict]:
 def markdown(df: pd.DataFrame, columns: list[str] | None = None) -> str:
     cols = [c for c in (columns or list(df.columns)) if c in df.columns]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    whole = _whole_cols(df, cols)
     for row in df[cols].itertuples(index=False):
-        lines.append("| " + " | ".join(_fmt(v).replace("|", "/") for v in row) + " |")
+        lines.append("| " + " | ".join(_cell(v, c in whole).replace("|", "/") for c, v in zip(cols, row)) + " |")
     return "\n".join(lines)
 
 

@@ -150,3 +150,29 @@ def test_command_line_names_the_environment_that_changes_the_build(monkeypatch):
         "python scripts/tp2_one_gpu.py --out 'a b'"
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "EW=1,DQ@4=1")
     assert report.command_line(["python", "x.py"]) == "FFNQ_TRITON_TUNE=EW=1,DQ@4=1 python x.py"
+
+
+def test_whole_number_columns_print_as_integers():
+    """A mixed table's width column is float (NaN where a row has none): 9 and 10, not 9 and 10.0;
+    a measured column keeps its decimals."""
+    df = pd.DataFrame({"check": ["step", "step", "rate"], "width": [9, 10, None], "p50_us": [47.0, 101.5, None]})
+    md = markdown(df)
+    assert "| step | 9 | 47.0 |" in md and "| step | 10 | 101.5 |" in md and "| rate | - | - |" in md
+    assert "10.0" not in md
+
+
+def test_show_table_keeps_every_digit_and_says_a_repeated_text_once(capsys, monkeypatch):
+    """Bench's table on a 100-column terminal: each p50 whole (no "11" for 112.4), the timing
+    method that every row repeats said once under the table, not a column squeezing the numbers."""
+    from rich.console import Console
+    monkeypatch.setattr(report, "console", Console(width=100, force_terminal=False))
+    how = "cuda-graph, 4 weight sets per replay (cold L2), bursts of 1000 steps after 250 ms idle"
+    df = pd.DataFrame({c: [112.4 + i, 1234.5 + i] for i, c in enumerate(
+        ["p50_us", "p90_us", "p99_us", "unfused_p50_us", "floor_us", "weights_gbps", "sm_mhz", "capped_pct"])})
+    df.insert(0, "width", [4, 16])
+    df["timing"] = how
+    show_table(df, title="bench")
+    out = capsys.readouterr().out
+    for v in ("112.4", "1234.5", "119.4", "1241.5"):
+        assert v in out, out
+    assert out.count("cuda-graph") == 1 and "timing: cuda-graph" in out.replace("\\n", " ")

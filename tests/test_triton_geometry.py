@@ -48,8 +48,8 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     monkeypatch.delenv("FFNQ_TRITON_TUNE")
     # (two tokens: whole K, the model's pick on v25's grid of 396, where 360 items are one round)
     assert [G.geometry(offline.build_key(spec, 1, Experts.ALL, s))["KS"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
-    assert G.measured("minimax-m2", 1, 1) == {"KS": 2, "CPS": 3, "NS": 3, "SQ": 1}
-    assert G.measured("minimax-m2", 2, 1) == {"EW": 1, "SPS": 2, "SQ": 1, "X8T": 2}
+    assert G.measured("minimax-m2", 1, 1) == {"KS": 2, "CPS": 3, "NS": 3, "SQ": 1, "PK": 0}
+    assert G.measured("minimax-m2", 2, 1) == {"EW": 1, "PK": 0, "SPS": 2, "SQ": 1, "X8T": 2}
     assert G.measured("minimax-m2", 2, 2) == {"EW": 1, "SPS": 2}
     # v28: items from one counter at TP1's 4-15 tokens (v27's per-stage counters were slower at 3
     # tokens; one counter gains nothing at 1-3); v36: at 16 too (timed in bursts, dev round 99);
@@ -281,10 +281,14 @@ def test_sum_of_each_rows_own_slots_geometry(monkeypatch):
 
 
 def test_packed_w13_by_default(monkeypatch):
-    """v48: every build with experts reads w13 tile-packed (PK); PK=0 reads it as given; others refused."""
+    """v48: every build with experts reads w13 tile-packed (PK) but one token's (v49: the measured
+    table's PK = 0, slower packed on an H200); PK=0 reads it as given; others refused."""
     spec = load_model("minimax-m2")
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-    assert all(G.geometry(offline.build_key(spec, tp, Experts.ALL, s))["PK"] == 1 for tp in (1, 2) for s in (1, 7, 16))
+    assert all(G.geometry(offline.build_key(spec, tp, Experts.ALL, s))["PK"] == 1 for tp in (1, 2) for s in (2, 7, 16))
+    assert [G.geometry(offline.build_key(spec, tp, Experts.ALL, 1))["PK"] for tp in (1, 2)] == [0, 0]
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PK=1")  # the override still wins over the table
+    assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 1))["PK"] == 1
     assert G.geometry(offline.build_key(spec, 1, Experts.NONE, 4))["PK"] == 0  # no experts: no w13 read
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PK=0")
     assert G.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["PK"] == 0

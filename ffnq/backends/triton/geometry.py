@@ -65,9 +65,10 @@ def _allowed(key: str, value: int, allowed, meaning: str) -> int:
 
 # the keys configs/triton-measured.toml may set: tile and schedule choices, not protocol switches
 # (CPS: CTAs per SM, the width's grid on NVIDIA; the runner reads it, TritonRunner.blocks_for;
-# R: the width's register cap on NVIDIA, launch_options)
-MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PLR", "R",
-                           "RPG", "RTOP", "SPS", "SQ", "X8T"})
+# R: the width's register cap on NVIDIA, launch_options; PK: the w13 layout stage 1 reads, which
+# the runner gives each build as its PK asks)
+MEASURED_KEYS = frozenset({"BH", "BN", "CPS", "DQ", "EW", "HP", "JB", "KH", "KS", "KSFIX", "NS", "NS2", "NSS", "PK", "PLR",
+                           "R", "RPG", "RTOP", "SPS", "SQ", "X8T"})
 
 
 @functools.cache
@@ -316,7 +317,9 @@ def geometry(key) -> dict:
     # 61.2, 60.4; 3 73.6, 73.7 / 74.9, 74.8; 4 86.5, 86.6 / 90.0, 89.9; 6 107.5 / 112.1; 8 125.5 /
     # 130.0; 12 156.3 / 161.5, 161.3; 16 181.3 / 187.7; TP1 through the CLI bench (dev round 134)
     # 59.1 / 89.4 / 153.5 / 232.2 / 354.0 against 59.0 / 90.9 / 157.4 / 238.8 / 364.9 at 1 / 2 /
-    # 4 / 8 / 16 tokens. The runner keeps one packed copy of each w13 (PackedWeights)
+    # 4 / 8 / 16 tokens. The runner keeps one packed copy of each w13 (PackedWeights). On an H200
+    # one token was slower packed (TP1 1.4 us, TP2's solo proxy 0.3-0.7; dev rounds 137-138), so
+    # the measured table keeps w13 as given there (v49)
     pk = _allowed("PK", tune.get("PK", 1), (0, 1), "0 (w13 as given) or 1 (w13 tile-packed by the runner)")
     # PLR's FMAs hold [rows, CHP2, E] products: over chunks of more than 16 columns (a grid under
     # H / 16 CTAs: an H20's 156, the pair proxy's 132) they spilled from four rows (sm_90 offline,
