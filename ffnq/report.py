@@ -88,8 +88,8 @@ def show_table(df: pd.DataFrame, *, json_out: bool = False, title: str | None = 
     if json_out:
         sys.stdout.write(json.dumps({"title": title, "rows": _records(df[cols])}, default=str) + "\n")
         return
-    # a long text that every row repeats (bench's timing method) is said once, under the table:
-    # as a column it took the width the numbers need, and rich cut them ("11" for 112.4)
+    # a long text that every row repeats is said once, under the table: as a column it took the
+    # width the numbers need (bench's timing method squeezed p50 to "11" for 112.4)
     same = [c for c in cols if len(df) > 1 and not pd.api.types.is_numeric_dtype(df[c])
             and df[c].nunique(dropna=False) == 1 and len(str(df[c].iloc[0])) > 30]
     cols = [c for c in cols if c not in same]
