@@ -257,8 +257,10 @@ def relative_checks(verb: str, base_path: str, new_path: str, th: dict) -> list[
             # a case the base passed and this run lost, or a new one that fails, is as bad as PASS -> FAIL
             bad = r.verdict == "regressed" or (r.verdict == "gone" and r.base == "PASS") or (
                 r.verdict == "new" and r.new != "PASS")
+            said = {"gone": f"{r.base} -> not in this run", "new": f"not in the base -> {r.new}"}
             rows.append({"check": f"vs base {r.key} {r.metric}", "job": verb, "result": "FAIL" if bad else "PASS",
-                         "value": f"{r.base} -> {r.new}", "threshold": "no PASS -> FAIL", "report": new_path})
+                         "value": said.get(r.verdict, f"{r.base} -> {r.new}"), "threshold": "no PASS -> FAIL",
+                         "report": new_path})
     if verb == "bench" and pct is not None and not any(r.kind == "latency" and r.verdict not in ("gone", "new")
                                                        for _, r in table.iterrows()):
         rows.append({"check": "vs base p50", "job": verb, "result": "FAIL", "value": "no width timed in both runs",

@@ -298,3 +298,19 @@ def test_a_device_on_a_cpu_gate_exits_2_before_any_job(tmp_path):
     r = ffnq("gate", cfg, "--out", tmp_path / "out")
     assert r.returncode == 2 and "device = 'H200': its jobs run on cpu, not on a GPU backend" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_base_case_gone_fails_and_says_so(tmp_path):
+    """no_new_fail: a case the base passed that this run did not have (a renamed case, as width
+    1's correct+padding became all-padding) fails, its value naming it not run, not "nan"."""
+    from ffnq.gate import relative_checks
+    from ffnq.report import write_report
+    meta = {"command": "t", "git_commit": "x", "machine": {}}
+    base = write_report(tmp_path, "qualify", "cpu", 1, pd.DataFrame(
+        {"case": ["correct", "correct+padding"], "width": [1, 1], "status": ["PASS", "PASS"]}), meta=meta)
+    new = write_report(tmp_path / "n", "qualify", "cpu", 1, pd.DataFrame(
+        {"case": ["correct", "all-padding"], "width": [1, 1], "status": ["PASS", "PASS"]}), meta=meta)
+    rows = {r["check"]: r for r in relative_checks("qualify", str(base), str(new), {"no_new_fail": True})}
+    gone, added = rows["vs base correct+padding @1 status"], rows["vs base all-padding @1 status"]
+    assert (gone["result"], gone["value"]) == ("FAIL", "PASS -> not in this run")
+    assert (added["result"], added["value"]) == ("PASS", "not in the base -> PASS")
