@@ -185,6 +185,19 @@ def run_qualify(opts, out: Path, json_out: bool):
     return cases, path
 
 
+def _bench_view(lat: "pandas.DataFrame", json_out: bool) -> tuple[list[str] | None, str | None]:
+    """A bench table's columns and caption on the terminal: the latencies and their ratios; steps,
+    clocks, touched experts, rel_err and each width's timing method stay in the report (and in
+    --json, which gets every column)."""
+    if json_out:
+        return None, None
+    rest = {"steps", "sm_mhz", "touched_experts", "rel_err", "timing"}
+    how = None
+    if "timing" in lat and lat.timing.notna().any():
+        how = f"timing: {lat.timing.dropna().iloc[0]} (each width's in the report)"
+    return [c for c in lat.columns if c not in rest], how
+
+
 def run_bench(opts, out: Path, json_out: bool):
     """Launch bench, show its table, write its report; (per-width table, report path)."""
     from ffnq import launch
@@ -195,15 +208,9 @@ def run_bench(opts, out: Path, json_out: bool):
     lat = summarize(res.tables["latency"])
     bad = lat[lat.check != "OK"]
     verdict = f"{len(lat)} widths, {len(bad)} failed the check before timing: " + ("FAILED" if len(bad) else "OK")
-    # the terminal's table: the latencies and their ratios; steps, clocks, touched experts,
-    # rel_err and each width's timing method are in the report (and in --json)
-    rest = [c for c in ("steps", "sm_mhz", "touched_experts", "rel_err", "timing") if c in lat.columns]
-    how = None
-    if "timing" in lat and lat.timing.notna().any():
-        how = f"timing: {lat.timing.dropna().iloc[0]} (each width's in the report)"
-    show_table(lat, json_out=json_out, columns=None if json_out else [c for c in lat.columns if c not in rest],
-               caption=how, title=f"bench {opts.backend} tp{opts.tp} {opts.model} "
-               f"experts={opts.experts} layers={opts.layers} seed={opts.seed} (us per step)")
+    cols, how = _bench_view(lat, json_out)
+    show_table(lat, json_out=json_out, columns=cols, caption=how, title=f"bench {opts.backend} tp{opts.tp} "
+               f"{opts.model} experts={opts.experts} layers={opts.layers} seed={opts.seed} (us per step)")
     path = write_report(out, "bench", opts.backend, opts.tp, lat, meta=_meta(opts, res), verdict=verdict,
                         tables={"per_rank": res.tables["latency"]}, notes=capped_note(lat))
     _footer(verdict, json_out)
@@ -479,7 +486,9 @@ def report(
 
         doc = load_report(directory)
         t = doc["tables"]
-        show_table(t["results"], json_out=json_out, title=f"{doc['job']}: {doc.get('command', '')}")
+        cols, how = _bench_view(t["results"], json_out) if doc["job"] == "bench" else (None, None)
+        show_table(t["results"], json_out=json_out, columns=cols, caption=how,
+                   title=f"{doc['job']}: {doc.get('command', '')}")
         for name, df in t.items():
             if name not in ("results", "per_rank", "clock") and not df.empty:
                 show_table(df, json_out=json_out, title=name)

@@ -99,13 +99,18 @@ def test_malformed_gate_config(tmp_path):
 
 
 def test_report_prints_a_saved_run(tmp_path):
-    df = pd.DataFrame({"width": [1, 16], "p50_us": [12.5, 40.0], "check": ["OK", "OK"]})
+    how = "cuda-graph, 4 weight sets per replay (cold L2), bursts of {} steps after 250 ms idle"
+    df = pd.DataFrame({"width": [1, 16], "p50_us": [12.5, 40.0], "rel_err": [2e-3, 2e-3], "check": ["OK", "OK"],
+                       "timing": [how.format(1000), how.format(250)]})
     path = write_report(tmp_path, "bench", "cpu", 2, df, meta={"command": "ffnq bench", "config": {}},
                         verdict="2 widths: OK")
     r = runner.invoke(app, ["report", str(path)])
     assert r.exit_code == 0 and "12.5" in r.output and "2 widths: OK" in r.output
+    # bench's terminal view, as `ffnq bench` shows it: the timing method once, under the table
+    assert "rel_err" not in r.output and r.output.count("cuda-graph") == 1 and "bursts of 1000" in r.output
     r = runner.invoke(app, ["report", str(path), "--json"])
-    assert json.loads(r.stdout.splitlines()[0])["rows"][1] == {"width": 16, "p50_us": 40.0, "check": "OK"}
+    assert json.loads(r.stdout.splitlines()[0])["rows"][1] == {"width": 16, "p50_us": 40.0, "rel_err": 2e-3,
+                                                               "check": "OK", "timing": how.format(250)}
     r = runner.invoke(app, ["report", str(tmp_path)])
     assert r.exit_code == 2 and "no results.json" in r.output
 
