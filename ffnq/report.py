@@ -91,7 +91,7 @@ def show_table(df: pd.DataFrame, *, json_out: bool = False, title: str | None = 
     # a long text that every row repeats is said once, under the table: as a column it took the
     # width the numbers need (bench's timing method squeezed p50 to "11" for 112.4)
     same = [c for c in cols if len(df) > 1 and not pd.api.types.is_numeric_dtype(df[c])
-            and df[c].nunique(dropna=False) == 1 and len(str(df[c].iloc[0])) > 30]
+            and df[c].astype(str).nunique() == 1 and len(str(df[c].iloc[0])) > 30]  # (cells may be unhashable)
     cols = [c for c in cols if c not in same]
     caption = "; ".join([f"{c}: {df[c].iloc[0]}" for c in same] + ([caption] if caption else [])) or None
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")

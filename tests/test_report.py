@@ -176,3 +176,10 @@ def test_show_table_keeps_every_digit_and_says_a_repeated_text_once(capsys, monk
     for v in ("112.4", "1234.5", "119.4", "1241.5"):
         assert v in out, out
     assert out.count("cuda-graph") == 1 and "timing: cuda-graph" in out.replace("\\n", " ")
+
+
+def test_show_table_takes_cells_that_are_lists_or_dicts(capsys):
+    """A cell holding a list or a dict (unhashable) is printed as text, not a TypeError."""
+    show_table(pd.DataFrame({"width": [1, 2], "detail": [{"a": 1}, [1, 2]]}), title="t")
+    out = capsys.readouterr().out
+    assert "{'a': 1}" in out and "[1, 2]" in out
