@@ -107,6 +107,12 @@ def test_status_and_residency_changes():
     rows = qualify_rows(q(["PASS", "PASS"]), q(["PASS", "FAIL"]))
     assert [(r["key"], r["verdict"]) for r in rows] == [("inject-over r1 @16", "regressed")]
     assert qualify_rows(q(["FAIL", "PASS"]), q(["PASS", "PASS"]))[0]["verdict"] == "fixed"
+    # a base written before width 1's padding case was renamed all-padding still judges it; at
+    # wider widths correct+padding is its own case
+    old = pd.DataFrame({"case": ["correct+padding", "correct+padding"], "width": [1, 4], "status": ["PASS", "PASS"]})
+    now = pd.DataFrame({"case": ["all-padding", "correct+padding"], "width": [1, 4], "status": ["FAIL", "PASS"]})
+    assert [(r["key"], r["verdict"]) for r in qualify_rows(old, now)] == [("all-padding @1", "regressed")]
+    assert qualify_rows(old, now.assign(status="PASS")) == []
     w = lambda res, c: pd.DataFrame({"width": [1], "resident": [res], "ctas_per_cu": [c]})  # noqa: E731
     assert [r["verdict"] for r in warm_rows(w("yes", 2), w("no", 0))] == ["regressed", "changed"]
     assert warm_rows(w("yes", 2), w("yes", 2)) == []

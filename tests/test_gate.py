@@ -301,16 +301,20 @@ def test_a_device_on_a_cpu_gate_exits_2_before_any_job(tmp_path):
 
 
 def test_a_base_case_gone_fails_and_says_so(tmp_path):
-    """no_new_fail: a case the base passed that this run did not have (a renamed case, as width
-    1's correct+padding became all-padding) fails, its value naming it not run, not "nan"."""
+    """no_new_fail: a case the base passed that this run did not have fails, its value naming it
+    not run, not "nan"; a base from before width 1's padding case was renamed all-padding (as the
+    2xH200 gate's) judges that case under its new name."""
     from ffnq.gate import relative_checks
     from ffnq.report import write_report
     meta = {"command": "t", "git_commit": "x", "machine": {}}
     base = write_report(tmp_path, "qualify", "cpu", 1, pd.DataFrame(
-        {"case": ["correct", "correct+padding"], "width": [1, 1], "status": ["PASS", "PASS"]}), meta=meta)
+        {"case": ["correct", "correct+padding", "two-runners"], "width": [1, 1, 16],
+         "status": ["PASS", "PASS", "PASS"]}), meta=meta)
     new = write_report(tmp_path / "n", "qualify", "cpu", 1, pd.DataFrame(
-        {"case": ["correct", "all-padding"], "width": [1, 1], "status": ["PASS", "PASS"]}), meta=meta)
+        {"case": ["correct", "all-padding", "reset-mid-run"], "width": [1, 1, 16],
+         "status": ["PASS", "PASS", "PASS"]}), meta=meta)
     rows = {r["check"]: r for r in relative_checks("qualify", str(base), str(new), {"no_new_fail": True})}
-    gone, added = rows["vs base correct+padding @1 status"], rows["vs base all-padding @1 status"]
+    gone, added = rows.pop("vs base two-runners @16 status"), rows.pop("vs base reset-mid-run @16 status")
     assert (gone["result"], gone["value"]) == ("FAIL", "PASS -> not in this run")
     assert (added["result"], added["value"]) == ("PASS", "not in the base -> PASS")
+    assert rows == {}  # correct+padding @1 in the base is all-padding @1 now: no change
