@@ -50,3 +50,29 @@ def test_only_builds_that_read_it_get_the_packed_copy(tune, packed, monkeypatch)
     got = r._weights(w, 2)[3]
     assert (got is not w.w13) == packed
     assert torch.equal(got.view(torch.uint8), (packed_w13(w.w13, 64) if packed else w.w13).view(torch.uint8))
+
+
+def test_a_new_view_of_the_same_weights_is_not_packed_again():
+    """A step that indexes its layer's weights anew (w13_all[layer]: a new view object each time)
+    reads the same weights: one copy per layer, not a copy per launch; another layer, another
+    place in the owner, its own copy; a write through any view repacks (their one version count)."""
+    pk = PackedWeights()
+    w_all = torch.randn(3, 2, 16, 256).to(torch.float8_e4m3fn)  # [layers, experts, 2 I_R, H]
+    a = pk.get(w_all[0], 4)
+    assert pk.get(w_all[0], 4) is a and pk.get(w_all.select(0, 0), 4) is a
+    b = pk.get(w_all[1], 4)
+    assert b is not a and torch.equal(b.view(torch.uint8), packed_w13(w_all[1], 4).view(torch.uint8))
+    assert len(pk._packed) == 2
+    w_all[2].view(torch.uint8)[0, 0, 0] ^= 1  # a write to layer 2 moves the owner's one version count
+    c = pk.get(w_all[0], 4)
+    assert c is not a and len(pk._packed) == 1  # layer 1's copy, of the old version, went too
+    assert torch.equal(c.view(torch.uint8), packed_w13(w_all[0], 4).view(torch.uint8))
+
+
+def test_settled_weights_know_a_new_view_of_the_same_tensors():
+    from ffnq.backends.triton.runner import SettledWeights
+    seen = SettledWeights()
+    base = torch.ones(2, 8)
+    assert seen.first([base[0]]) and not seen.first([base[0]])  # a new view, the same place
+    assert seen.first([base[1]])  # another place in it: other weights
+    assert seen.first([base[0].view(2, 4)])  # another shape: not the same tensor

@@ -30,22 +30,33 @@ def _interp() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _owner(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    """The tensor object that owns t's memory (a view's base) and where in it t lies: a view made
+    anew for each step (a layer's w13_all[layer]) is the same weights, not new ones, which keyed
+    by the view object were settled or packed again on every launch (a w13 copy a step)."""
+    base = t._base if t._base is not None else t
+    return base, (t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
 class SettledWeights:
     """Which weight tensors the stream has been waited for since they were made. An EW build reads
     router, post_norm and router_bias before its PDL wait, where the writes of the kernel just
     before it need not be visible yet; so the first launch on tensors not seen before waits for
-    the stream. Held weakly: tensors freed and new ones at the same address count as new."""
+    the stream. Held weakly, by the tensor that owns the memory (_owner): tensors freed and new
+    ones at the same address count as new."""
 
     def __init__(self):
-        self._refs: list[tuple] = []
+        self._refs: list[tuple] = []  # per set, per tensor: (weakref to its owner, where in it)
 
     def first(self, tensors) -> bool:
-        """True (and from now on seen) when these exact tensor objects were not seen before."""
-        if any(all(x() is t for x, t in zip(r, tensors)) for r in self._refs):
+        """True (and from now on seen) when these tensors (or views of the same owners at the same
+        places) were not seen before."""
+        ids = [_owner(t) for t in tensors]
+        if any(all(x() is o and at == where for (x, at), (o, where) in zip(r, ids)) for r in self._refs):
             return False
         # the sets whose tensors were freed go when a new one comes, not on every launch
-        self._refs = [r for r in self._refs if all(x() is not None for x in r)]
-        self._refs.append(tuple(weakref.ref(t) for t in tensors))
+        self._refs = [r for r in self._refs if all(x() is not None for x, _ in r)]
+        self._refs.append(tuple((weakref.ref(o), where) for o, where in ids))
         return True
 
 
@@ -58,28 +69,31 @@ def packed_w13(w13: torch.Tensor, bn: int) -> torch.Tensor:
 
 
 class PackedWeights:
-    """(PK) Each w13 tensor's packed copy, made on its first launch and kept while the tensor
-    lives (held by a weak reference to the tensor object, as SettledWeights: a freed tensor's
-    address reused is new weights; remade if the tensor was written in place since, by its
-    version count).
+    """(PK) Each w13's packed copy, made on its first launch and kept while the tensor that owns
+    its memory lives (held weakly by that owner and the place in it, as SettledWeights: a freed
+    tensor's address reused is new weights, a new view of the same weights is not; remade if the
+    weights were written in place since, by their version count).
     Packing launches torch copies, so it must not happen while a CUDA graph is captured: a step
     run eagerly before the capture (as the bench and the runner's warm do) makes it."""
 
     def __init__(self):
-        self._packed: list[tuple] = []  # (weakref to w13, bn, its version when packed, the packed copy)
+        # (weakref to w13's owner, where in it, bn, its version when packed, the packed copy)
+        self._packed: list[tuple] = []
 
     def get(self, w13: torch.Tensor, bn: int) -> torch.Tensor:
-        for ref, b, version, p in self._packed:  # by identity (a tensor's == is elementwise)
-            if ref() is w13 and b == bn and version == w13._version:
+        owner, where = _owner(w13)
+        for ref, at, b, version, p in self._packed:  # by identity (a tensor's == is elementwise)
+            if ref() is owner and at == where and b == bn and version == w13._version:
                 return p
         if w13.is_cuda and torch.cuda.is_current_stream_capturing():
             raise UsageError("weights: w13 is not packed for the Triton build (PK) yet; run one step on them "
                              "before capturing a CUDA graph")
-        # the copies of freed or since rewritten tensors go when a new one is made
-        self._packed = [e for e in self._packed if e[0]() is not None
-                        and not (e[0]() is w13 and (e[1] == bn or e[2] != w13._version))]
+        # the copies of freed tensors go when a new one is made, and so do the owner's copies of an
+        # older version (its views share one version count) and the one this replaces
+        self._packed = [e for e in self._packed if e[0]() is not None and not (
+            e[0]() is owner and (e[3] != w13._version or (e[1] == where and e[2] == bn)))]
         p = packed_w13(w13, bn)
-        self._packed.append((weakref.ref(w13), bn, w13._version, p))
+        self._packed.append((weakref.ref(owner), where, bn, w13._version, p))
         return p
 
 
