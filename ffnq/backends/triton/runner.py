@@ -46,17 +46,21 @@ class SettledWeights:
     ones at the same address count as new."""
 
     def __init__(self):
-        self._refs: list[tuple] = []  # per set, per tensor: (weakref to its owner, where in it)
+        # per set, per tensor: (weakref to the tensor object, weakref to its owner, where in it)
+        self._refs: list[tuple] = []
 
     def first(self, tensors) -> bool:
         """True (and from now on seen) when these tensors (or views of the same owners at the same
         places) were not seen before."""
+        # every launch asks: the tensor objects seen last time hit without _owner (~2 us of Python)
+        if any(all(y() is t for (y, _, _), t in zip(r, tensors)) for r in self._refs):
+            return False
         ids = [_owner(t) for t in tensors]
-        if any(all(x() is o and at == where for (x, at), (o, where) in zip(r, ids)) for r in self._refs):
+        if any(all(x() is o and at == where for (_, x, at), (o, where) in zip(r, ids)) for r in self._refs):
             return False
         # the sets whose tensors were freed go when a new one comes, not on every launch
-        self._refs = [r for r in self._refs if all(x() is not None for x, _ in r)]
-        self._refs.append(tuple((weakref.ref(o), where) for o, where in ids))
+        self._refs = [r for r in self._refs if all(x() is not None for _, x, _ in r)]
+        self._refs.append(tuple((weakref.ref(t), weakref.ref(o), where) for t, (o, where) in zip(tensors, ids)))
         return True
 
 
