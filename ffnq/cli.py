@@ -387,8 +387,9 @@ def compare(
     new: Annotated[Path, typer.Argument(help="the run under judgement")],
     out: Out = Path("reports"), json_out: Json = False,
 ):
-    """Per width p50/p99 deltas against a noise band from each run's samples; qualify cases that
-    changed status; residency changes. Exit 0 (informational; `ffnq gate` judges)."""
+    """Per width p50/p99 deltas against each run's noise band; changed cases and residency.
+
+    Exit 0: informational (`ffnq gate` judges)."""
     def body():
         from ffnq import compare as cmp
         from ffnq.report import console, err_console, show_table, write_report
