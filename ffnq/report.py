@@ -150,7 +150,7 @@ def handshake(timeline: pd.DataFrame, tp: int) -> pd.DataFrame:
                 done = gr[gr.stamp == f"{ph}_done"].set_index("cta").t_common_ns
                 a = arr.set_index("cta").t_common_ns
                 wait = (done - a).dropna()
-                last = _waited_for(gr, ph)
+                last = _waited_for(gr, ph, int(rank))
                 per.append({"case": case, "rank": int(rank), "phase": ph, "arrive_us": (a.min() - t0) / 1e3,
                             "wait_us": wait.max() / 1e3 if len(wait) else float("nan"),
                             "waited_for": f"rank {last.removeprefix(f'{ph}_seen')}" if last else "-",
@@ -162,11 +162,12 @@ def handshake(timeline: pd.DataFrame, tp: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _waited_for(gr: pd.DataFrame, ph: str) -> str:
-    """The peer whose flag took longest to appear: every CTA's 'seen' stamps in time order from
-    the first arrival; the stamp after the largest gap names it (a late peer holds up every CTA,
-    whether they scan in turn, as on cpu, or in parallel)."""
-    seen = gr[gr.stamp.str.startswith(f"{ph}_seen")].sort_values("t_common_ns")
+def _waited_for(gr: pd.DataFrame, ph: str, rank: int) -> str:
+    """The peer whose flag took longest to appear: every CTA's 'seen' stamps of the other ranks in
+    time order from the first arrival; the stamp after the largest gap names it (a late peer holds
+    up every CTA, whether they scan in turn, as on cpu, or in parallel). The rank's own flag is
+    left out: a rank that arrived last would otherwise be shown waiting for itself."""
+    seen = gr[gr.stamp.str.startswith(f"{ph}_seen") & (gr.stamp != f"{ph}_seen{rank}")].sort_values("t_common_ns")
     arr = gr.loc[gr.stamp == f"{ph}_arrive", "t_common_ns"]
     if seen.empty:
         return ""

@@ -36,6 +36,15 @@ def test_handshake_blames_the_late_rank():
     assert hs.loc[1, "wait_us"] < 10
 
 
+def test_handshake_never_names_the_rank_itself():
+    # the late rank finds its peer's flag at once and its own (polled last, as on cpu) 5 us later
+    tl = fake_timeline(1)
+    own = (tl["rank"] == 1) & (tl.stamp == "seam_seen1")
+    tl.loc[own, "t_common_ns"] += 5_000
+    hs = handshake(tl, 2).set_index("rank")
+    assert hs.loc[1, "waited_for"] == "rank 0" and hs.loc[0, "waited_for"] == "rank 1"
+
+
 def test_chrome_trace_is_spans_per_rank_and_cta():
     tr = chrome_trace(fake_timeline(1))
     spans = [e for e in tr["traceEvents"] if e["ph"] == "X"]
