@@ -45,6 +45,11 @@ BENCH_SEED = 0
 BenchSeed = Annotated[int, typer.Option("--seed", help="seed of the synthetic weights and inputs, so of the routing "
                                         "and the experts a step reads; fixed by default, so that two runs "
                                         "(compare, gate) time one workload", rich_help_panel=JOB)]
+Checkpoint = Annotated[Optional[Path], typer.Option(
+    "--checkpoint", help="a MiniMax-M2 safetensors checkpoint (folder or file): its --checkpoint-layer's weights "
+    "in place of the synthetic ones (bench on a GPU: that layer and the next three)", rich_help_panel=JOB)]
+CheckpointLayer = Annotated[Optional[int], typer.Option("--checkpoint-layer", help="the checkpoint's decoder layer "
+                                                        "(default: the first it holds)", rich_help_panel=JOB)]
 Deadline = Annotated[Optional[float], typer.Option("--deadline", help="the whole job's bound (seconds); "
                                                    "default: derived from the work", rich_help_panel=JOB)]
 Nnodes = Annotated[int, typer.Option(help="torchrun --nnodes (ranks per node = tp / nnodes)",
@@ -121,7 +126,7 @@ def _guard(fn):
 
 
 def _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint, deadline,
-             verb: str | None = None, **kw):
+             verb: str | None = None, checkpoint: Path | None = None, checkpoint_layer: int | None = None, **kw):
     from ffnq.launch import JobOptions, fresh_seed, parse_widths, resolve_backend, validate
     from ffnq.spec import load_model
 
@@ -129,8 +134,17 @@ def _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes,
     opts = JobOptions(backend=runner or resolve_backend(backend), model=model, tp=tp, experts=experts,
                       widths=parse_widths(widths, spec.max_tokens), timeout_s=timeout,
                       seed=fresh_seed() if seed is None else seed, nnodes=nnodes,
-                      rdzv_endpoint=rdzv_endpoint, deadline_s=deadline, **kw)
+                      rdzv_endpoint=rdzv_endpoint, deadline_s=deadline,
+                      checkpoint=None if checkpoint is None else str(checkpoint),
+                      checkpoint_layer=checkpoint_layer, **kw)
     return validate(opts, verb)
+
+
+def _weights(opts) -> str:
+    """The weights' source for a title: nothing for the synthetic ones (the seed says it)."""
+    if not opts.checkpoint:
+        return ""
+    return f" checkpoint={Path(opts.checkpoint).name} checkpoint_layer={opts.checkpoint_layer}"
 
 
 def parse_baselines(text: str) -> dict:
@@ -174,7 +188,7 @@ def run_qualify(opts, out: Path, json_out: bool):
     verdict = f"{len(cases)} cases, {failed} failed: " + ("FAILED" if failed else "OK")
     cols = ["case", "width", "status", "rel_err", "wrong", "elements", "route_agree", "fault", "wall_ms", "evidence"]
     show_table(cases, json_out=json_out, columns=cols,
-               title=f"qualify {opts.backend} tp{opts.tp} {opts.model} experts={opts.experts} "
+               title=f"qualify {opts.backend} tp{opts.tp} {opts.model}{_weights(opts)} experts={opts.experts} "
                      f"timeout={opts.timeout_s:g}s seed={opts.seed}")
     if hs is not None and not hs.empty:
         show_table(hs, json_out=json_out, title="handshake: arrival, wait and skew per rank and phase (us)")
@@ -209,8 +223,9 @@ def run_bench(opts, out: Path, json_out: bool):
     bad = lat[lat.check != "OK"]
     verdict = f"{len(lat)} widths, {len(bad)} failed the check before timing: " + ("FAILED" if len(bad) else "OK")
     cols, how = _bench_view(lat, json_out)
-    show_table(lat, json_out=json_out, columns=cols, caption=how, title=f"bench {opts.backend} tp{opts.tp} "
-               f"{opts.model} experts={opts.experts} layers={opts.layers} seed={opts.seed} (us per step)")
+    show_table(lat, json_out=json_out, columns=cols, caption=how,
+               title=f"bench {opts.backend} tp{opts.tp} {opts.model}{_weights(opts)} experts={opts.experts} "
+                     f"layers={opts.layers} seed={opts.seed} (us per step)")
     path = write_report(out, "bench", opts.backend, opts.tp, lat, meta=_meta(opts, res), verdict=verdict,
                         tables={"per_rank": res.tables["latency"]}, notes=capped_note(lat))
     _footer(verdict, json_out)
@@ -236,7 +251,8 @@ def run_warm(opts, out: Path, json_out: bool):
 
     res = launch.run("warm", opts, progress=not json_out)
     table = summarize(res.tables["warm"])
-    return table, _warm_report(table, opts.backend, opts.tp, opts.model, None, opts, res, out, json_out)
+    return table, _warm_report(table, opts.backend, opts.tp, opts.model + _weights(opts), None, opts, res, out,
+                               json_out)
 
 
 def _warm_report(table, be, tp, model, target, opts, res, out, json_out):
@@ -256,6 +272,7 @@ def _warm_report(table, be, tp, model, target, opts, res, out, json_out):
 def qualify(
     backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
     experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = None,
+    checkpoint: Checkpoint = None, checkpoint_layer: CheckpointLayer = None,
     inject_rank: Annotated[Optional[list[str]], typer.Option(
         "--inject-rank", help="delay this rank under and over the timeout (repeatable, or all)",
         rich_help_panel=JOB)] = None,
@@ -270,7 +287,8 @@ def qualify(
         from ffnq import launch
 
         opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
-                        deadline, verb="qualify", inject_ranks=launch.parse_inject(inject_rank, tp))
+                        deadline, verb="qualify", checkpoint=checkpoint, checkpoint_layer=checkpoint_layer,
+                        inject_ranks=launch.parse_inject(inject_rank, tp))
         cases, _ = run_qualify(opts, out, json_out)
         return 1 if (cases.status != "PASS").any() else 0
 
@@ -282,6 +300,7 @@ def qualify(
 def bench(
     backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
     experts: ExpertsOpt = "all", widths: Widths = "1,2,4,8,16", timeout: Timeout = 1.0, seed: BenchSeed = BENCH_SEED,
+    checkpoint: Checkpoint = None, checkpoint_layer: CheckpointLayer = None,
     layers: Annotated[int, typer.Option(help="launches per step, final=True on the last", rich_help_panel=JOB)] = 1,
     rep_ms: Annotated[float, typer.Option("--rep-ms", help="timed budget per width and variant (ms)",
                                           rich_help_panel=JOB)] = 1000.0,
@@ -308,8 +327,8 @@ def bench(
     """Per-width latency (p50/p90/p99 us), per-rank skew, the baselines and (on a GPU) the floor."""
     def body():
         opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
-                        deadline, layers=layers, rep_ms=rep_ms, warmup_ms=warmup_ms, burst_ms=burst_ms,
-                        idle_ms=idle_ms, phase_split=phase_split,
+                        deadline, checkpoint=checkpoint, checkpoint_layer=checkpoint_layer, layers=layers,
+                        rep_ms=rep_ms, warmup_ms=warmup_ms, burst_ms=burst_ms, idle_ms=idle_ms, phase_split=phase_split,
                         **parse_baselines(baselines))
         lat, _ = run_bench(opts, out, json_out)
         return 1 if (lat.check != "OK").any() else 0
@@ -334,7 +353,7 @@ def run_soak(opts, out: Path, json_out: bool):
     verdict = (f"{int(table.steps.min()) if len(table) else 0} steps, {n} mismatches, "
                f"{int(table.stale.sum()) if len(table) else 0} stale: "
                + ("FAILED" if error or n else "OK") + (f" ({error})" if error else ""))
-    show_table(table, json_out=json_out, title=f"soak {opts.backend} tp{opts.tp} {opts.model} "
+    show_table(table, json_out=json_out, title=f"soak {opts.backend} tp{opts.tp} {opts.model}{_weights(opts)} "
                f"widths={','.join(map(str, opts.widths))} runners={opts.runners} seed={opts.seed}")
     path = write_report(out, "soak", opts.backend, opts.tp, table, meta=meta, verdict=verdict,
                         tables={"mismatches": bad})
@@ -349,6 +368,7 @@ def run_soak(opts, out: Path, json_out: bool):
 def soak(
     backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
     experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = None,
+    checkpoint: Checkpoint = None, checkpoint_layer: CheckpointLayer = None,
     steps: Annotated[int, typer.Option(help="random steps to run, every one checked", rich_help_panel=JOB)] = 1000,
     random_padding: Annotated[bool, typer.Option("--random-padding/--no-random-padding",
                                                  help="random padding rows every step", rich_help_panel=JOB)] = True,
@@ -373,7 +393,8 @@ def soak(
         if check_every is not None and check_every < 1:
             raise UsageError(f"--check-every {check_every}: must be >= 1")
         opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
-                        deadline, steps=steps, random_padding=random_padding, runners=runners,
+                        deadline, checkpoint=checkpoint, checkpoint_layer=checkpoint_layer, steps=steps,
+                        random_padding=random_padding, runners=runners,
                         check_every=check_every, kill_rank=kill_rank, hang_rank=hang_rank, at_step=at_step)
         table, error = run_soak(opts, out, json_out)
         return 1 if error or not len(table) or table.mismatches.sum() or table.stale.sum() else 0
@@ -427,6 +448,7 @@ def compare(
 def warm(
     backend: Backend = "auto", runner: RunnerPath = None, model: Model = "tiny", tp: Tp = 2,
     experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = None,
+    checkpoint: Checkpoint = None, checkpoint_layer: CheckpointLayer = None,
     target: Annotated[Optional[str], typer.Option(help="offline residency for sm_90, gfx942 or gfx950 "
                                                   "(no GPU needed)", rich_help_panel=JOB)] = None,
     deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
@@ -438,6 +460,7 @@ def warm(
 
         if target is not None:
             launch_only = {"--timeout": timeout != 1.0, "--seed": seed is not None, "--deadline": deadline is not None,
+                           "--checkpoint": checkpoint is not None, "--checkpoint-layer": checkpoint_layer is not None,
                            "--nnodes": nnodes != 1, "--rdzv-endpoint": rdzv_endpoint is not None}
             given = [k for k, v in launch_only.items() if v]
             if given:
@@ -448,7 +471,7 @@ def warm(
             _warm_report(table, be, tp, model, target, opts, None, out, json_out)
         else:
             opts = _options(backend, runner, model, tp, experts, widths, timeout, seed, nnodes, rdzv_endpoint,
-                            deadline)
+                            deadline, checkpoint=checkpoint, checkpoint_layer=checkpoint_layer)
             table, _ = run_warm(opts, out, json_out)
         return 1 if "resident" in table and (table.resident.astype(str) == "no").any() else 0
 

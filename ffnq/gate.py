@@ -44,7 +44,8 @@ from ffnq.spec import is_int, is_number
 VERBS = ("warm", "qualify", "bench")
 SECTIONS = {"name", "device", "options", "job", "thresholds", "compare"}
 OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout", "seed", "inject_rank", "layers",
-               "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint"}
+               "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint",
+               "checkpoint", "checkpoint_layer"}
 THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
               "speedup_stock_nccl_min", "speedup_stock_symm_min",
               "max_slower_pct", "no_new_fail"}
@@ -53,9 +54,9 @@ SWITCHES = {"resident": "warm", "qualify_all_pass": "qualify", "no_new_fail": No
 
 # each option's TOML type, as the verb's own flag takes it; the ranges are launch.validate's
 OPTION_TYPES = {
-    **dict.fromkeys(("tp", "seed", "layers", "nnodes"), ("an integer", is_int)),
+    **dict.fromkeys(("tp", "seed", "layers", "nnodes", "checkpoint_layer"), ("an integer", is_int)),
     **dict.fromkeys(("timeout", "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "deadline"), ("a finite number", is_number)),
-    **dict.fromkeys(("backend", "runner", "model", "experts", "baselines", "rdzv_endpoint"),
+    **dict.fromkeys(("backend", "runner", "model", "experts", "baselines", "rdzv_endpoint", "checkpoint"),
                     ("a string", lambda v: isinstance(v, str))),
     "widths": ("a string such as '1-4,16' or an integer", lambda v: isinstance(v, str) or is_int(v)),
     "inject_rank": ("a rank, 'all', or a list of them",
@@ -294,7 +295,8 @@ def job_options(opts: dict, verb: str | None = None):
               nnodes=int(o.get("nnodes", 1)),
               rdzv_endpoint=o.get("rdzv_endpoint"), deadline_s=o.get("deadline"),
               inject_ranks=parse_inject(inject if isinstance(inject, list) else [inject], tp),
-              layers=int(o.get("layers", 1)), **parse_baselines(o.get("baselines", "auto")))
+              layers=int(o.get("layers", 1)), checkpoint=o.get("checkpoint"), checkpoint_layer=o.get("checkpoint_layer"),
+              **parse_baselines(o.get("baselines", "auto")))
     for k in ("rep_ms", "warmup_ms", "burst_ms", "idle_ms"):
         if k in o:
             kw[k] = float(o[k])

@@ -73,6 +73,8 @@ class JobOptions:
     nnodes: int = 1
     rdzv_endpoint: str | None = None
     deadline_s: float | None = None  # the job's own bound; None: derived from the work
+    checkpoint: str | None = None  # a safetensors checkpoint whose layer's weights replace the synthetic
+    checkpoint_layer: int | None = None  # its decoder layer (None: the first it holds)
     # qualify
     inject_ranks: list[int] = field(default_factory=list)
     # bench
@@ -164,6 +166,15 @@ def validate(opts: JobOptions, verb: str | None = None) -> JobOptions:
     bad = [w for w in opts.widths if not 1 <= w <= spec.max_tokens]
     if bad:
         raise UsageError(f"widths {bad}: allowed 1..{spec.max_tokens} for {spec.name}")
+    if opts.checkpoint is not None:
+        from ffnq.weights import check_checkpoint, checkpoint_layers
+
+        opts.checkpoint = str(Path(opts.checkpoint).absolute())  # the ranks may start elsewhere
+        if opts.checkpoint_layer is None:
+            opts.checkpoint_layer = (checkpoint_layers(opts.checkpoint) or [0])[0]
+        check_checkpoint(opts.checkpoint, opts.checkpoint_layer, spec)
+    elif opts.checkpoint_layer is not None:
+        raise UsageError(f"--checkpoint-layer {opts.checkpoint_layer}: needs --checkpoint PATH (the synthetic weights have no layers)")
     if not opts.timeout_s > 0:
         raise UsageError(f"--timeout {opts.timeout_s}: must be > 0 (seconds)")
     if not MIN_TIMEOUT_S <= opts.timeout_s <= MAX_TIMEOUT_S:
@@ -281,7 +292,23 @@ def deadline_for(job: str, opts: JobOptions) -> float:
         work = w * per * 3
     else:
         work = 30 + 10 * w
-    return SETUP_S + work
+    return SETUP_S + work + checkpoint_load_s(job, opts)
+
+
+CHECKPOINT_READ_GBPS = 0.5  # a slow disk's read rate, for the deadline's share of a checkpoint's reads
+
+
+def checkpoint_load_s(job: str, opts: JobOptions) -> float:
+    """The deadline's allowance for reading --checkpoint: every rank of a node reads its layer
+    (bench on a GPU: four layers, its weight sets) from one disk."""
+    if not opts.checkpoint:
+        return 0.0
+    from ffnq.jobs.bench import ROTATE_SETS_GPU
+
+    spec = load_model(opts.model)
+    layer_gb = spec.experts * 3 * spec.intermediate * spec.hidden / 1e9
+    sets = ROTATE_SETS_GPU if job == "bench" and opts.backend in GPU_BACKENDS else 1
+    return 30 + opts.tp // opts.nnodes * sets * layer_gb / CHECKPOINT_READ_GBPS
 
 
 def torchrun_command(job: str, opts: JobOptions, opts_file: Path) -> list[str]:

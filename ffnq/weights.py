@@ -9,6 +9,8 @@ so ``W = q.float() * scale`` blockwise. w1 is the gate projection, w3 the up pro
 """
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,8 +139,9 @@ def layer_names(layer: int, expert: int | None = None) -> dict[str, str]:
         f"s{k[1]}": f"{e}.{k}.weight_scale_inv" for k in ("w1", "w3", "w2")}
 
 
-def load_layer(path: str | Path, layer: int, spec: ModelSpec, device: str | torch.device = "cpu") -> FullWeights:
-    """One layer from a checkpoint folder (or one .safetensors file), read lazily shard by shard."""
+def _index(path: str | Path) -> tuple[Path, dict[str, Path]]:
+    """A checkpoint folder (or one .safetensors file): every tensor name -> the file holding it
+    (headers only)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -147,8 +150,110 @@ def load_layer(path: str | Path, layer: int, spec: ModelSpec, device: str | torc
         raise UsageError(f"checkpoint {path}: no .safetensors file there")
     where: dict[str, Path] = {}
     for f in files:
-        with safe_open(f, "pt") as st:
-            where.update({k: f for k in st.keys()})
+        try:
+            with safe_open(f, "pt") as st:
+                where.update({k: f for k in st.keys()})
+        except Exception as e:  # noqa: BLE001 - a file that is not safetensors is bad input here
+            raise UsageError(f"checkpoint {f}: not a readable .safetensors file ({e})") from None
+    return path, where
+
+
+def checkpoint_layers(path: str | Path) -> list[int]:
+    """The decoder layers whose FFN (post-attention norm) a checkpoint holds, in order."""
+    _, where = _index(path)
+    out = []
+    for n in where:
+        m = re.fullmatch(r"model\.layers\.([0-9]+)\.post_attention_layernorm\.weight", n)
+        if m:
+            out.append(int(m[1]))
+    return sorted(out)
+
+
+def _shapes(spec: ModelSpec) -> dict[str, tuple]:
+    """Each FFN tensor's shape in a checkpoint of ``spec`` (one expert's for the experts')."""
+    H, E, I, B = spec.hidden, spec.experts, spec.intermediate, spec.block
+    return {"post_norm": (H,), "router": (E, H), "router_bias": (E,), "w1": (I, H), "w3": (I, H), "w2": (H, I),
+            "s1": (-(-I // B), -(-H // B)), "s3": (-(-I // B), -(-H // B)), "s2": (-(-H // B), -(-I // B))}
+
+
+# config.json keys of the released checkpoints -> the ModelSpec field each must equal
+CONFIG_KEYS = {"hidden_size": "hidden", "num_local_experts": "experts", "num_experts_per_tok": "top_k",
+               "intermediate_size": "intermediate", "rms_norm_eps": "eps"}
+
+
+def save_checkpoint(where: str | Path, layers: dict[int, FullWeights], spec: ModelSpec, files: int = 2,
+                    config: dict | None = None) -> Path:
+    """The inverse of load_layer: ``layers`` (decoder layer -> its weights) written under
+    MiniMax-M2's tensor names into ``files`` .safetensors files, with a config.json of ``spec``'s
+    dims (``config`` over them). A checkpoint of synthetic layers for the loader's own runs."""
+    from safetensors.torch import save_file
+
+    where = Path(where)
+    where.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for layer, full in layers.items():
+        tensors |= {n: getattr(full, k).cpu() for k, n in layer_names(layer).items()}
+        for e in range(spec.experts):
+            tensors |= {n: getattr(full, k)[e].contiguous().cpu() for k, n in layer_names(layer, e).items()}
+    names = sorted(tensors)
+    step = -(-len(names) // files)
+    for i in range(files):
+        save_file({n: tensors[n] for n in names[i * step:(i + 1) * step]},
+                  where / f"model-{i + 1:05d}-of-{files:05d}.safetensors")
+    conf = {key: getattr(spec, f) for key, f in CONFIG_KEYS.items()} | {"use_routing_bias": True}
+    (where / "config.json").write_text(json.dumps(conf | (config or {})))
+    return where
+
+
+def check_checkpoint(path: str | Path, layer: int, spec: ModelSpec) -> None:
+    """Before any rank starts, from the headers alone: the layer's FFN tensors are all there with
+    ``spec``'s shapes, the experts FP8 e4m3 and their scales fp32, and the folder's config.json (if
+    any) describes ``spec``. Each problem is one UsageError naming the value and what is allowed."""
+    from safetensors import safe_open
+
+    path, where = _index(path)
+    layers = checkpoint_layers(path)
+    if layer not in layers:
+        have = f"layers {layers[0]}..{layers[-1]}" if layers else "no decoder layer's FFN"
+        raise UsageError(f"--checkpoint-layer {layer}: checkpoint {path} holds {have}")
+    cfg = path / "config.json" if path.is_dir() else None
+    if cfg and cfg.is_file():
+        conf = json.loads(cfg.read_text())
+        for key, field_ in CONFIG_KEYS.items():
+            if key in conf and conf[key] != getattr(spec, field_):
+                raise UsageError(f"checkpoint {path}: config.json {key} = {conf[key]}, --model {spec.name} has "
+                                 f"{field_} = {getattr(spec, field_)}")
+        if conf.get("use_routing_bias") is False:  # the kernel and the oracle always add the selection bias
+            raise UsageError(f"checkpoint {path}: config.json use_routing_bias = false; ffnq's router adds "
+                             "e_score_correction_bias (MiniMax-M2's sigmoid + bias routing)")
+    want = _shapes(spec)
+    names = layer_names(layer) | {f"{k} of expert {e}": n for e in range(spec.experts)
+                                  for k, n in layer_names(layer, e).items()}
+    for what, n in names.items():
+        if n not in where:
+            raise UsageError(f"checkpoint {path}: tensor {n} missing (layer {layer}, --model {spec.name})")
+        with safe_open(where[n], "pt") as st:
+            sl = st.get_slice(n)
+            shape, dtype = tuple(sl.get_shape()), sl.get_dtype()
+        key = what.split(" ")[0]
+        if shape != want[key]:
+            raise UsageError(f"checkpoint {path}: {n} has shape {shape}, --model {spec.name} needs {want[key]}")
+        if key in ("w1", "w3", "w2") and dtype != "F8_E4M3":
+            raise UsageError(f"checkpoint {path}: {n} is {dtype}, the experts must be F8_E4M3 (float8_e4m3fn)")
+        if key in ("s1", "s3", "s2") and dtype != "F32":
+            raise UsageError(f"checkpoint {path}: {n} is {dtype}, the block scales must be F32")
+    extra = f"model.layers.{layer}.block_sparse_moe.experts.{spec.experts}.w1.weight"
+    if extra in where:
+        raise UsageError(f"checkpoint {path}: layer {layer} has more than {spec.experts} experts "
+                         f"(--model {spec.name} has {spec.experts})")
+
+
+def load_layer(path: str | Path, layer: int, spec: ModelSpec, device: str | torch.device = "cpu") -> FullWeights:
+    """One layer from a checkpoint folder (or one .safetensors file), read tensor by tensor onto
+    ``device`` (check_checkpoint has vetted it before a job starts)."""
+    from safetensors import safe_open
+
+    path, where = _index(path)
 
     def get(name: str) -> torch.Tensor:
         if name not in where:

@@ -10,6 +10,7 @@
 #   vllm2 vllm2s   TP2 bench beside (b) and (d) = (b) with vLLM's fused_moe kernel (default / small-M config)
 #   tp2on1   TP2's builds on one GPU (both ranks in one process, half the grid each: scripts/tp2_one_gpu.py;
 #            TP2_TIME=1,4,16 also times those widths there, a side-by-side proxy)
+#   ckpt1    --checkpoint on one GPU: a synthetic two-layer MiniMax-M2 checkpoint, TP1 qualify and bench on it
 #   SOAK_STEPS (default 100000) sets the soak's length
 set -o pipefail
 . "$(dirname "$0")/device_env.sh"
@@ -62,6 +63,14 @@ for s in "$@"; do
       unset FFNQ_VLLM_MOE FFNQ_VLLM_MOE_CONFIG ;;
     gate2) step $s 300 $FF gate configs/gates/h200x2-tp2.toml --out "$R" ;;
     tp2on1) step $s 240 bash -c "python3 -m ffnq.backends.triton.offline --target sm_90 --final both --model minimax-m2 --tp 2 --blocks \$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)') --jobs 14 | tail -n 1 && python3 scripts/tp2_one_gpu.py --out $R ${TP2_TIME:+--time $TP2_TIME}" ;;
+    ckpt1)  # --checkpoint on the GPU: two synthetic layers written as a MiniMax-M2 checkpoint, then TP1
+      # qualify and bench on them, and bench on synthetic weights beside (same builds, other weights)
+      CK=/tmp/ffnq-ckpt-m2
+      step $s-write 300 python3 -c "from ffnq.spec import load_model; from ffnq.weights import save_checkpoint, synthetic; \
+m = load_model('minimax-m2'); save_checkpoint('$CK', {l: synthetic(m, 100 + l, 'cuda') for l in (5, 6)}, m)"
+      step $s-qualify 240 $FF qualify $M --tp 1 --checkpoint $CK --checkpoint-layer 6 --widths 1,4,16 --out "$R"
+      step $s-bench 200 $FF bench $M --tp 1 --checkpoint $CK --widths 1,4,16 --rep-ms 300 --out "$R"
+      step $s-synthetic 150 $FF bench $M --tp 1 --widths 1,4,16 --rep-ms 300 --out "$R" ;;
     *) echo "unknown step $s" ;;
   esac
 done

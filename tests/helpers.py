@@ -63,3 +63,19 @@ def script_module(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def write_checkpoint(where: Path, spec, layers, seed: int = 0, config: dict | None = None, **replace) -> Path:
+    """A MiniMax-M2-style checkpoint of ``spec`` holding decoder ``layers`` (layer L synthetic from
+    seed + L) in two files, with a config.json (``config`` over the model's own keys); ``replace``
+    maps a tensor name to the tensor written in its place (or beside the others)."""
+    from safetensors.torch import load_file, save_file
+
+    from ffnq.weights import save_checkpoint, synthetic
+
+    save_checkpoint(where, {layer: synthetic(spec, seed + layer) for layer in layers}, spec, config=config)
+    if replace:  # each name in one file only: the first, beside or in place of the original
+        for i, f in enumerate(sorted(where.glob("*.safetensors"))):
+            kept = {n: t for n, t in load_file(f).items() if n not in replace}
+            save_file(kept | (replace if i == 0 else {}), f)
+    return where

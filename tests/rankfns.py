@@ -189,3 +189,22 @@ def bench_timers(rank, world, result_dir):
     rec = Records(result_dir, rank)
     bench.body(opts, rec)
     return {"made": made, "rows": [r["data"] for r in rec.rows if r["table"] == "latency"]}
+
+
+def from_checkpoint(rank, world, path, layer):
+    """setup() from a checkpoint's layer: the weights each rank holds, and checked steps on them."""
+    job = setup("cpu", "tiny", "all", TIMEOUT, seed=7, checkpoint=path, layer=layer)
+    r = job.runner(widths=[1, 5])
+    r.warm(job.weights)
+    out = {"router": digest(job.full.router), "w13": digest(job.weights.w13),
+           "checks": [_check(job, r, s, case=20 + s, padding=s // 3) for s in (1, 5)]}
+    job.close()
+    return out
+
+
+def digest(t: torch.Tensor) -> str:
+    """A tensor's bytes as a short hash: plain data through the ranks' queue (a tensor would go
+    as a shared-memory handle its exited rank no longer serves)."""
+    import hashlib
+
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()

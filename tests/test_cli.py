@@ -54,6 +54,10 @@ BAD = [
     (["warm", "--target", "sm_90", "--backend", "cpu"], "offline residency for cpu/sm_90 not available"),
     (["warm", "--target", "sm_90", "--timeout", "-1"], "--target sm_90: an offline compile launches no job; --timeout"),
     (["gate", "missing.toml"], "gate config 'missing.toml': no such file"),
+    (["qualify", "--checkpoint-layer", "3"], "--checkpoint-layer 3: needs --checkpoint PATH"),
+    (["bench", "--checkpoint", "/nonexistent/ck"], "checkpoint /nonexistent/ck: no .safetensors file there"),
+    (["warm", "--target", "sm_90", "--checkpoint", "ck"], "--target sm_90: an offline compile launches no job; "
+                                                           "--checkpoint"),
 ]
 
 
@@ -166,3 +170,25 @@ def test_report_command_names_a_triton_tune_override(monkeypatch):
     assert _meta({})["command"] == "ffnq bench --backend triton"
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "LL=0,BH=128")
     assert _meta({})["command"] == "FFNQ_TRITON_TUNE=LL=0,BH=128 ffnq bench --backend triton"
+
+
+def test_a_checkpoint_s_layer_is_qualified_and_named(tmp_path):
+    """--checkpoint/--checkpoint-layer: a layer it lacks or a model it is not refused before any rank (exit
+    2, one line, nothing written); its layer qualified on 2 ranks, named in the title and report."""
+    from helpers import write_checkpoint
+    from ffnq.spec import load_model
+
+    ck = write_checkpoint(tmp_path / "ck", load_model("tiny"), layers=[3, 4])
+    out = tmp_path / "reports"
+    for args, message in ((["--checkpoint-layer", "7"], "--checkpoint-layer 7: checkpoint"),
+                          (["--model", "minimax-m2", "--tp", "2"], "config.json hidden_size = 256")):
+        r = runner.invoke(app, ["qualify", "--backend", "cpu", "--checkpoint", str(ck), *args, "--out", str(out)])
+        assert r.exit_code == 2 and message in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not out.exists()
+    r = ffnq("qualify", "--backend", "cpu", "--tp", "2", "--model", "tiny", "--checkpoint", ck, "--checkpoint-layer", "4",
+             "--widths", "1,5", "--out", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "checkpoint=ck checkpoint_layer=4" in r.stdout
+    doc = json.loads((one_report(out, "qualify") / "results.json").read_text())
+    assert doc["config"]["checkpoint"] == str(ck.absolute()) and doc["config"]["checkpoint_layer"] == 4
+    assert {c["status"] for c in doc["tables"]["results"]} == {"PASS"}

@@ -9,6 +9,7 @@ import pytest
 
 from ffnq.errors import UsageError
 from ffnq.gate import checks, job_options, junit, load_gate
+from ffnq.spec import load_model
 from helpers import ffnq, one_report
 
 GATES = Path(__file__).resolve().parent.parent / "configs" / "gates"
@@ -85,6 +86,8 @@ P50 = "[thresholds]\np50_us_max = 9\n"
     ("[options]\ndeadline = 'soon'\n" + BENCH + P50, "deadline = 'soon': need a finite number"),
     ("[options]\nbackend = 5\n" + BENCH + P50, "backend = 5: need a string"),
     ("[options]\nmodel = 5\n" + BENCH + P50, "model = 5: need a string"),
+    ("[options]\ncheckpoint = 5\n" + BENCH + P50, "checkpoint = 5: need a string"),
+    (BENCH + "checkpoint_layer = '3'\n" + P50, "job 1 checkpoint_layer = '3': need an integer"),
     (BENCH + "rep_ms = 'x'\n" + P50, r"job 1 rep_ms = 'x': need a finite number$"),
     (BENCH + "timeout = inf\n" + P50, "job 1 timeout = inf: need a finite number"),
     (BENCH + "inject_rank = 1.5\n" + P50, "job 1 inject_rank = 1.5: need a rank, 'all', or a list of them"),
@@ -318,3 +321,16 @@ def test_a_base_case_gone_fails_and_says_so(tmp_path):
     assert (gone["result"], gone["value"]) == ("FAIL", "PASS -> not in this run")
     assert (added["result"], added["value"]) == ("PASS", "not in the base -> PASS")
     assert rows == {}  # correct+padding @1 in the base is all-padding @1 now: no change
+
+
+def test_a_gate_job_on_a_checkpoint_is_validated_as_the_cli_does(tmp_path):
+    from helpers import write_checkpoint
+
+    ck = write_checkpoint(tmp_path / "ck", load_model("tiny"), layers=[1, 2])
+    f = tmp_path / "g.toml"
+    f.write_text(f"[options]\ncheckpoint = '{ck}'\n" + BENCH + "checkpoint-layer = 2\n" + P50)
+    opts = job_options(load_gate(f)["jobs"][0][1], "bench")
+    assert opts.checkpoint == str(ck) and opts.checkpoint_layer == 2
+    f.write_text(f"[options]\ncheckpoint = '{ck}'\n" + BENCH + "checkpoint-layer = 5\n" + P50)
+    with pytest.raises(UsageError, match="--checkpoint-layer 5: checkpoint .* holds layers 1..2"):
+        job_options(load_gate(f)["jobs"][0][1], "bench")

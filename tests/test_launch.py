@@ -76,6 +76,16 @@ def test_env_and_delays():
     assert deadline_for("qualify", JobOptions(deadline_s=7)) == 7
 
 
+def test_the_deadline_allows_for_reading_a_checkpoint():
+    """Each rank of a node reads its layer (a GPU bench: its four weight sets' layers) from one
+    disk: 3.6 GB a MiniMax-M2 layer, at 0.5 GB/s."""
+    m2 = dict(model="minimax-m2", tp=2, widths=[1])
+    base = deadline_for("bench", JobOptions(backend="triton", **m2))
+    cpu = deadline_for("qualify", JobOptions(checkpoint="ck", checkpoint_layer=0, **m2)) - deadline_for("qualify", JobOptions(**m2))
+    gpu = deadline_for("bench", JobOptions(backend="triton", checkpoint="ck", checkpoint_layer=0, **m2)) - base
+    assert cpu == pytest.approx(30 + 2 * 3.62 / 0.5, rel=0.01) and gpu == pytest.approx(30 + 8 * 3.62 / 0.5, rel=0.01)
+
+
 def test_failure_names_the_rank():
     recs = [{"kind": "start", "rank": 0}, {"kind": "progress", "rank": 0, "done": 3, "total": 9, "what": "correct w=4"}]
     log = ("Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : vm\n"

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ffnq.jobs.rank import step_inputs
-from ffnq.spec import load_model
+from ffnq.spec import Experts, load_model
+from helpers import write_checkpoint
 
 M = load_model("tiny")
 
@@ -74,3 +75,23 @@ def test_padding_rows_are_spread_over_the_width():
 def test_negative_padding_is_refused():
     with pytest.raises(ValueError, match="padding -1"):
         step_inputs(M, 1, 0, 6, 0, 0, -1)
+
+
+def test_a_checkpoint_layer_is_every_rank_s_weights(tmp_path):
+    """setup(checkpoint=, layer=): the full layer on every rank is the file's (not the seed's
+    synthetic one), each rank holds its shard of it, and steps on it check against the oracle."""
+    from multirank import run_ranks
+    from rankfns import digest, from_checkpoint
+
+    from ffnq.weights import load_layer, shard
+
+    ck = write_checkpoint(tmp_path / "ck", M, layers=[4, 9], seed=100)
+    got = run_ranks(from_checkpoint, 2, str(ck), 9)
+    want = load_layer(ck, 9, M)
+    for rank, g in enumerate(got):
+        assert g["router"] == digest(want.router)
+        assert g["w13"] == digest(shard(want, M, 2, rank, Experts.ALL).w13)
+        for c in g["checks"]:
+            assert c["fault"] is None and c["route_ok"] and c["pad_zero"], c
+            assert c["out"]["wrong"] == 0 and c["out"]["rel_err"] < 1e-2, c
+    assert got[0]["router"] != digest(load_layer(ck, 4, M).router) and got[0]["w13"] != got[1]["w13"]

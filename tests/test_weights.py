@@ -5,7 +5,8 @@ from safetensors.torch import save_file
 from ffnq.errors import UsageError
 from ffnq.reference import route
 from ffnq.spec import Experts, load_model
-from ffnq.weights import FP8, dequant, layer_names, load_layer, shard, synthetic
+from ffnq.weights import FP8, check_checkpoint, checkpoint_layers, dequant, layer_names, load_layer, shard, synthetic
+from helpers import write_checkpoint
 
 M = load_model("tiny")
 
@@ -89,3 +90,46 @@ def test_loader_reads_minimax_tensor_names(full, tmp_path):
         load_layer(tmp_path, 8, M)
     with pytest.raises(UsageError, match="no .safetensors"):
         load_layer(tmp_path / "nothing", layer, M)
+
+
+def test_checkpoint_checked_from_its_headers(tmp_path):
+    ck = write_checkpoint(tmp_path / "ck", M, layers=[2, 3])
+    assert checkpoint_layers(ck) == [2, 3]
+    check_checkpoint(ck, 3, M)  # passes: nothing raised
+    got = load_layer(ck, 3, M)
+    assert torch.equal(got.router, synthetic(M, 3).router)  # layer L was written from seed L
+    with pytest.raises(UsageError, match="--checkpoint-layer 5: checkpoint .* holds layers 2..3"):
+        check_checkpoint(ck, 5, M)
+    with pytest.raises(UsageError, match="config.json hidden_size = 256, --model minimax-m2 has hidden = 3072"):
+        check_checkpoint(ck, 2, load_model("minimax-m2"))
+    (ck / "config.json").unlink()  # a checkpoint without one: the tensors' shapes still say it
+    with pytest.raises(UsageError, match="post_attention_layernorm.weight has shape .256,., --model minimax-m2 "
+                                         "needs .3072,."):
+        check_checkpoint(ck, 2, load_model("minimax-m2"))
+
+
+W1 = "model.layers.0.block_sparse_moe.experts.{}.w1.weight"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"config": {"use_routing_bias": False}}, "use_routing_bias = false"),
+    ({"config": {"num_experts_per_tok": 4}}, "num_experts_per_tok = 4, --model tiny has top_k = 8"),
+    ({W1.format(5): torch.zeros(M.intermediate, M.hidden, dtype=torch.bfloat16)}, "w1.weight is BF16, the experts"),
+    ({W1.format(5).replace("weight", "weight_scale_inv"): torch.ones(12, 2, dtype=torch.float16)}, "must be F32"),
+    ({W1.format(M.experts): torch.zeros(M.intermediate, M.hidden, dtype=FP8)}, "more than 32 experts"),
+], ids=["no-routing-bias", "top-k", "bf16-experts", "fp16-scales", "extra-expert"])
+def test_a_checkpoint_that_is_not_the_model_is_refused(tmp_path, change, message):
+    config = change.pop("config", None)
+    ck = write_checkpoint(tmp_path / "ck", M, layers=[0], config=config, **change)
+    with pytest.raises(UsageError, match=message):
+        check_checkpoint(ck, 0, M)
+
+
+def test_a_missing_tensor_or_file_is_named(tmp_path):
+    ck = write_checkpoint(tmp_path / "ck", M, layers=[0])
+    (ck / "model-00001-of-00002.safetensors").unlink()  # the experts' first half
+    with pytest.raises(UsageError, match="tensor model.layers.0.* missing .layer 0, --model tiny."):
+        check_checkpoint(ck, 0, M)
+    (tmp_path / "junk.safetensors").write_text("not a checkpoint")
+    with pytest.raises(UsageError, match="junk.safetensors: not a readable .safetensors file"):
+        check_checkpoint(tmp_path / "junk.safetensors", 0, M)

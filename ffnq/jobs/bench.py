@@ -20,7 +20,7 @@ from ffnq import reference
 from ffnq.baseline import Unfused
 from ffnq.dist import barrier
 from ffnq.gpu_clocks import ClockWatch
-from ffnq.jobs.rank import setup
+from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, main, max_over_ranks
 from ffnq.spec import Experts
 from ffnq.timing import StepTimer, quantiles_us, steps_for
@@ -29,7 +29,7 @@ CASE = 50_000  # input case ids of bench (qualify uses small ones)
 
 
 def body(opts: dict, rec: Records) -> None:
-    job = setup(opts["backend"], opts["model"], opts["experts"], opts["timeout_s"], opts["seed"])
+    job = from_options(opts)
     try:
         run(job, opts, rec)
     finally:
@@ -46,18 +46,32 @@ ROTATE_SETS_GPU = 4  # weight sets one timed graph walks through: 4 x 57 MB at s
 
 
 def weight_sets(job) -> list:
-    """The rank's weights plus, on a GPU, more synthetic sets, so a timed replay reads every
-    expert from HBM rather than from the L2 a previous step filled (cold weights)."""
+    """The rank's weights plus, on a GPU, more sets, so a timed replay reads every expert from HBM
+    rather than from the L2 a previous step filled (cold weights): synthetic ones, or from a
+    checkpoint the layers after the job's (set_layers), as a decode step walks the model."""
     if job.device.type != "cuda":
         return [job.weights]
-    from ffnq.weights import shard, synthetic
+    from ffnq.weights import load_layer, shard, synthetic
 
     sets = [job.weights]
     for k in range(1, ROTATE_SETS_GPU):
-        full = synthetic(job.model, job.seed + 1000 * k, job.device)
+        if job.checkpoint:
+            full = load_layer(job.checkpoint, set_layers(job)[k], job.model, job.device)
+        else:
+            full = synthetic(job.model, job.seed + 1000 * k, job.device)
         sets.append(shard(full, job.model, job.tp, job.rank, job.experts))
         del full
     return sets
+
+
+def set_layers(job) -> list[int]:
+    """A checkpoint's layers the GPU weight sets read: the job's and the ones after it, round the
+    layers the checkpoint holds (one layer held: that layer read again, into memory of its own)."""
+    from ffnq.weights import checkpoint_layers
+
+    held = checkpoint_layers(job.checkpoint)
+    at = held.index(job.layer)
+    return [held[(at + k) % len(held)] for k in range(ROTATE_SETS_GPU)]
 
 
 def baselines(job, names: list[str], sets: list) -> list[tuple[str, list]]:
@@ -144,6 +158,9 @@ def run(job, opts: dict, rec: Records) -> None:
     fused = job.runner(widths)
     fused.warm(job.weights, job.compute_units())  # a grid that cannot be resident fails here, named
     sets = weight_sets(job)
+    sets_of = ""
+    if job.checkpoint and len(sets) > 1:
+        sets_of = f" (checkpoint layers {', '.join(map(str, set_layers(job)))})"
     variants = [("fused", [fused] * len(sets))]
     if opts["baseline"]:
         variants += baselines(job, opts.get("baselines") or [], sets)
@@ -209,7 +226,7 @@ def run(job, opts: dict, rec: Records) -> None:
             watch = ClockWatch(job.device)
             warmup = steps_for(est_us * per, opts["warmup_ms"], 1, opts["max_steps"])
             samples = [x / per for x in timer(n, burst=burst, idle_s=idle_ms / 1e3, watch=watch, warmup=warmup)]
-            row["timing"] = (timer.mode + (f", {per} weight sets per replay (cold L2)" if per > 1 else "")
+            row["timing"] = (timer.mode + (f", {per} weight sets{sets_of} per replay (cold L2)" if per > 1 else "")
                              + (f", bursts of {burst} steps after {idle_ms:g} ms idle" if idle_ms else ""))
             row |= watch.summary()
             if name == "fused" and fused.fault(s):

@@ -29,7 +29,7 @@ import torch
 from ffnq import reference
 from ffnq.dist import barrier
 from ffnq.errors import RankFault
-from ffnq.jobs.rank import setup
+from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, clock_offsets, main
 from ffnq.launch import over_delay_ns, under_delay_ns
 from ffnq.spec import stamp_names
@@ -42,7 +42,7 @@ WAIT_SEEN_FRACTION = 0.5  # an under-timeout delay must show as at least this mu
 class Qualify:
     def __init__(self, opts: dict, rec: Records):
         self.opts, self.rec = opts, rec
-        self.job = setup(opts["backend"], opts["model"], opts["experts"], opts["timeout_s"], opts["seed"])
+        self.job = from_options(opts)
         self.rank, self.tp = self.job.rank, self.job.tp
         self.widths = list(opts["widths"])
         self.wt = max(self.widths)  # width of the timeline runner and the fault cases

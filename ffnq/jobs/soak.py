@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ffnq import reference
 from ffnq.errors import RankFault
-from ffnq.jobs.rank import setup
+from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, main
 
 SOAK_CASE = 7_000_001  # input stream of the soak, apart from qualify's cases
@@ -62,7 +62,7 @@ def _on_term(signum, frame):
 class Soak:
     def __init__(self, opts: dict, rec: Records):
         self.opts, self.rec = opts, rec
-        self.job = setup(opts["backend"], opts["model"], opts["experts"], opts["timeout_s"], opts["seed"])
+        self.job = from_options(opts)
         self.rank, self.tp = self.job.rank, self.job.tp
         self.runners = [self.job.runner(opts["widths"]) for _ in range(opts.get("runners", 2))]
         for r in self.runners:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ffnq.dist import barrier
 from ffnq.errors import UsageError
-from ffnq.jobs.rank import setup
+from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, main
 
 KNOWN = ("kernel", "compile_s", "grid", "ctas_per_cu", "cus", "resident")
@@ -21,7 +21,7 @@ TARGETS = ("sm_90", "gfx942", "gfx950")
 
 
 def body(opts: dict, rec: Records) -> None:
-    job = setup(opts["backend"], opts["model"], opts["experts"], opts["timeout_s"], opts["seed"])
+    job = from_options(opts)
     try:
         r = job.runner(opts["widths"])
         rec.progress(0, 1, "compiling every width")
