@@ -295,8 +295,8 @@ def job_options(opts: dict, verb: str | None = None):
               nnodes=int(o.get("nnodes", 1)),
               rdzv_endpoint=o.get("rdzv_endpoint"), deadline_s=o.get("deadline"),
               inject_ranks=parse_inject(inject if isinstance(inject, list) else [inject], tp),
-              layers=int(o.get("layers", 1)), checkpoint=o.get("checkpoint"), checkpoint_layer=o.get("checkpoint_layer"),
-              **parse_baselines(o.get("baselines", "auto")))
+              layers=int(o.get("layers", 1)), checkpoint=o.get("checkpoint"),
+              checkpoint_layer=o.get("checkpoint_layer"), **parse_baselines(o.get("baselines", "auto")))
     for k in ("rep_ms", "warmup_ms", "burst_ms", "idle_ms"):
         if k in o:
             kw[k] = float(o[k])

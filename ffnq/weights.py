@@ -249,23 +249,25 @@ def check_checkpoint(path: str | Path, layer: int, spec: ModelSpec) -> None:
 
 
 def load_layer(path: str | Path, layer: int, spec: ModelSpec, device: str | torch.device = "cpu") -> FullWeights:
-    """One layer from a checkpoint folder (or one .safetensors file), read tensor by tensor onto
-    ``device`` (check_checkpoint has vetted it before a job starts)."""
+    """One layer from a checkpoint folder (or one .safetensors file), read onto ``device``, each
+    file that holds a part of it opened once (check_checkpoint has vetted it before a job starts)."""
     from safetensors import safe_open
 
     path, where = _index(path)
-
-    def get(name: str) -> torch.Tensor:
-        if name not in where:
-            raise UsageError(f"checkpoint {path}: tensor {name} missing (layer {layer})")
-        with safe_open(where[name], "pt", device=str(device)) as st:
-            return st.get_tensor(name)
-
-    base = {k: get(n).float() for k, n in layer_names(layer).items()}
+    names = [(k, None, n) for k, n in layer_names(layer).items()] + [
+        (k, e, n) for e in range(spec.experts) for k, n in layer_names(layer, e).items()]
+    missing = [n for _, _, n in names if n not in where]
+    if missing:
+        raise UsageError(f"checkpoint {path}: tensor {missing[0]} missing (layer {layer})")
+    got = {}
+    for f in dict.fromkeys(where[n] for _, _, n in names):  # each file opened once (126 in a real checkpoint)
+        with safe_open(f, "pt", device=str(device)) as st:
+            got |= {n: st.get_tensor(n) for _, _, n in names if where[n] == f}
+    base = {k: got[n].float() for k, e, n in names if e is None}
     parts = {k: [] for k in ("w1", "s1", "w3", "s3", "w2", "s2")}
-    for e in range(spec.experts):
-        for k, n in layer_names(layer, e).items():
-            parts[k].append(get(n))
+    for k, e, n in names:
+        if e is not None:
+            parts[k].append(got[n])
     full = FullWeights(**base, **{k: torch.stack(v) for k, v in parts.items()})
     want = {"router": (spec.experts, spec.hidden), "w1": (spec.experts, spec.intermediate, spec.hidden),
             "w2": (spec.experts, spec.hidden, spec.intermediate)}
