@@ -160,13 +160,12 @@ def _index(path: str | Path) -> tuple[Path, dict[str, Path]]:
 
 def checkpoint_layers(path: str | Path) -> list[int]:
     """The decoder layers whose FFN (post-attention norm) a checkpoint holds, in order."""
-    _, where = _index(path)
-    out = []
-    for n in where:
-        m = re.fullmatch(r"model\.layers\.([0-9]+)\.post_attention_layernorm\.weight", n)
-        if m:
-            out.append(int(m[1]))
-    return sorted(out)
+    return _layers(_index(path)[1])
+
+
+def _layers(where: dict[str, Path]) -> list[int]:
+    found = (re.fullmatch(r"model\.layers\.([0-9]+)\.post_attention_layernorm\.weight", n) for n in where)
+    return sorted(int(m[1]) for m in found if m)
 
 
 def _shapes(spec: ModelSpec) -> dict[str, tuple]:
@@ -212,7 +211,7 @@ def check_checkpoint(path: str | Path, layer: int, spec: ModelSpec) -> None:
     from safetensors import safe_open
 
     path, where = _index(path)
-    layers = checkpoint_layers(path)
+    layers = _layers(where)
     if layer not in layers:
         have = f"layers {layers[0]}..{layers[-1]}" if layers else "no decoder layer's FFN"
         raise UsageError(f"--checkpoint-layer {layer}: checkpoint {path} holds {have}")
@@ -229,12 +228,15 @@ def check_checkpoint(path: str | Path, layer: int, spec: ModelSpec) -> None:
     want = _shapes(spec)
     names = layer_names(layer) | {f"{k} of expert {e}": n for e in range(spec.experts)
                                   for k, n in layer_names(layer, e).items()}
-    for what, n in names.items():
-        if n not in where:
+    head = {}
+    for f in dict.fromkeys(where[n] for n in names.values() if n in where):  # each file's header read once
+        with safe_open(f, "pt") as st:
+            head |= {n: (tuple(st.get_slice(n).get_shape()), st.get_slice(n).get_dtype())
+                     for n in names.values() if where.get(n) == f}
+    for what, n in names.items():  # in layer_names' order: the norm's and router's shapes name a wrong model first
+        if n not in head:
             raise UsageError(f"checkpoint {path}: tensor {n} missing (layer {layer}, --model {spec.name})")
-        with safe_open(where[n], "pt") as st:
-            sl = st.get_slice(n)
-            shape, dtype = tuple(sl.get_shape()), sl.get_dtype()
+        shape, dtype = head[n]
         key = what.split(" ")[0]
         if shape != want[key]:
             raise UsageError(f"checkpoint {path}: {n} has shape {shape}, --model {spec.name} needs {want[key]}")
