@@ -54,9 +54,10 @@ def weight_sets(job) -> list:
     from ffnq.weights import load_layer, shard, synthetic
 
     sets = [job.weights]
+    layers = set_layers(job) if job.checkpoint else []
     for k in range(1, ROTATE_SETS_GPU):
         if job.checkpoint:
-            full = load_layer(job.checkpoint, set_layers(job)[k], job.model, job.device)
+            full = load_layer(job.checkpoint, layers[k], job.model, job.device)
         else:
             full = synthetic(job.model, job.seed + 1000 * k, job.device)
         sets.append(shard(full, job.model, job.tp, job.rank, job.experts))
