@@ -36,15 +36,16 @@ Widths = Annotated[str, typer.Option(help="row counts: lists and ranges, e.g. 1-
                                      rich_help_panel=JOB)]
 Timeout = Annotated[float, typer.Option("--timeout", help="the kernel's bound on every wait (seconds)",
                                         rich_help_panel=JOB)]
-Seed = Annotated[Optional[int], typer.Option(help="seed of the synthetic weights and inputs; default: a fresh one "
-                                             "each run, shown in the title and saved in the report",
-                                             rich_help_panel=JOB)]
+Seed = Annotated[Optional[int], typer.Option(help="seed of the synthetic weights (none with --checkpoint) and the "
+                                             "inputs; default: a fresh one each run, shown in the title and saved "
+                                             "in the report", rich_help_panel=JOB)]
 # a bench's seed when none is given (`ffnq bench`, a gate's bench job): one workload, so two runs
 # (compare, a gate's base) read the same experts; the checks (qualify, soak) draw a fresh one
 BENCH_SEED = 0
-BenchSeed = Annotated[int, typer.Option("--seed", help="seed of the synthetic weights and inputs, so of the routing "
-                                        "and the experts a step reads; fixed by default, so that two runs "
-                                        "(compare, gate) time one workload", rich_help_panel=JOB)]
+BenchSeed = Annotated[int, typer.Option("--seed", help="seed of the synthetic weights (none with --checkpoint) and "
+                                        "the inputs, so of the routing and the experts a step reads; fixed by "
+                                        "default, so that two runs (compare, gate) time one workload",
+                                        rich_help_panel=JOB)]
 Checkpoint = Annotated[Optional[Path], typer.Option(
     "--checkpoint", help="a MiniMax-M2 safetensors checkpoint (folder or file): its --checkpoint-layer's weights "
     "in place of the synthetic ones (bench on a GPU: that layer and the next three)", rich_help_panel=JOB)]
