@@ -167,14 +167,13 @@ def validate(opts: JobOptions, verb: str | None = None) -> JobOptions:
     if bad:
         raise UsageError(f"widths {bad}: allowed 1..{spec.max_tokens} for {spec.name}")
     if opts.checkpoint is not None:
-        from ffnq.weights import check_checkpoint, checkpoint_layers
+        from ffnq.weights import check_checkpoint
 
         opts.checkpoint = str(Path(opts.checkpoint).absolute())  # the ranks may start elsewhere
-        if opts.checkpoint_layer is None:
-            opts.checkpoint_layer = (checkpoint_layers(opts.checkpoint) or [0])[0]
-        check_checkpoint(opts.checkpoint, opts.checkpoint_layer, spec)
+        opts.checkpoint_layer = check_checkpoint(opts.checkpoint, opts.checkpoint_layer, spec)
     elif opts.checkpoint_layer is not None:
-        raise UsageError(f"--checkpoint-layer {opts.checkpoint_layer}: needs --checkpoint PATH (the synthetic weights have no layers)")
+        raise UsageError(f"--checkpoint-layer {opts.checkpoint_layer}: needs --checkpoint PATH "
+                         "(the synthetic weights have no layers)")
     if not opts.timeout_s > 0:
         raise UsageError(f"--timeout {opts.timeout_s}: must be > 0 (seconds)")
     if not MIN_TIMEOUT_S <= opts.timeout_s <= MAX_TIMEOUT_S:

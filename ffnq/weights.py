@@ -204,14 +204,23 @@ def save_checkpoint(where: str | Path, layers: dict[int, FullWeights], spec: Mod
     return where
 
 
-def check_checkpoint(path: str | Path, layer: int, spec: ModelSpec) -> None:
+def _layer_tensors(layer: int, spec: ModelSpec) -> list[tuple[str, int | None, str]]:
+    """(field, expert or None, tensor name) of every FFN tensor of a layer, norm and router first."""
+    return [(k, None, n) for k, n in layer_names(layer).items()] + [
+        (k, e, n) for e in range(spec.experts) for k, n in layer_names(layer, e).items()]
+
+
+def check_checkpoint(path: str | Path, layer: int | None, spec: ModelSpec) -> int:
     """Before any rank starts, from the headers alone: the layer's FFN tensors are all there with
     ``spec``'s shapes, the experts FP8 e4m3 and their scales fp32, and the folder's config.json (if
-    any) describes ``spec``. Each problem is one UsageError naming the value and what is allowed."""
+    any) describes ``spec``. Each problem is one UsageError naming the value and what is allowed.
+    Returns the layer (None: the first the checkpoint holds)."""
     from safetensors import safe_open
 
     path, where = _index(path)
     layers = _layers(where)
+    if layer is None:
+        layer = layers[0] if layers else 0
     if layer not in layers:
         have = f"layers {layers[0]}..{layers[-1]}" if layers else "no decoder layer's FFN"
         raise UsageError(f"--checkpoint-layer {layer}: checkpoint {path} holds {have}")
@@ -226,18 +235,16 @@ def check_checkpoint(path: str | Path, layer: int, spec: ModelSpec) -> None:
             raise UsageError(f"checkpoint {path}: config.json use_routing_bias = false; ffnq's router adds "
                              "e_score_correction_bias (MiniMax-M2's sigmoid + bias routing)")
     want = _shapes(spec)
-    names = layer_names(layer) | {f"{k} of expert {e}": n for e in range(spec.experts)
-                                  for k, n in layer_names(layer, e).items()}
+    names = _layer_tensors(layer, spec)
     head = {}
-    for f in dict.fromkeys(where[n] for n in names.values() if n in where):  # each file's header read once
+    for f in dict.fromkeys(where[n] for _, _, n in names if n in where):  # each file's header read once
         with safe_open(f, "pt") as st:
             head |= {n: (tuple(st.get_slice(n).get_shape()), st.get_slice(n).get_dtype())
-                     for n in names.values() if where.get(n) == f}
-    for what, n in names.items():  # in layer_names' order: the norm's and router's shapes name a wrong model first
+                     for _, _, n in names if where.get(n) == f}
+    for key, _, n in names:  # the norm's and router's shapes name a wrong model first
         if n not in head:
             raise UsageError(f"checkpoint {path}: tensor {n} missing (layer {layer}, --model {spec.name})")
         shape, dtype = head[n]
-        key = what.split(" ")[0]
         if shape != want[key]:
             raise UsageError(f"checkpoint {path}: {n} has shape {shape}, --model {spec.name} needs {want[key]}")
         if key in ("w1", "w3", "w2") and dtype != "F8_E4M3":
@@ -248,6 +255,7 @@ def check_checkpoint(path: str | Path, layer: int, spec: ModelSpec) -> None:
     if extra in where:
         raise UsageError(f"checkpoint {path}: layer {layer} has more than {spec.experts} experts "
                          f"(--model {spec.name} has {spec.experts})")
+    return layer
 
 
 def load_layer(path: str | Path, layer: int, spec: ModelSpec, device: str | torch.device = "cpu") -> FullWeights:
@@ -256,8 +264,7 @@ def load_layer(path: str | Path, layer: int, spec: ModelSpec, device: str | torc
     from safetensors import safe_open
 
     path, where = _index(path)
-    names = [(k, None, n) for k, n in layer_names(layer).items()] + [
-        (k, e, n) for e in range(spec.experts) for k, n in layer_names(layer, e).items()]
+    names = _layer_tensors(layer, spec)
     missing = [n for _, _, n in names if n not in where]
     if missing:
         raise UsageError(f"checkpoint {path}: tensor {missing[0]} missing (layer {layer})")

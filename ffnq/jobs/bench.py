@@ -45,16 +45,15 @@ REL_ERR_OF = {"vllm": 8e-2}
 ROTATE_SETS_GPU = 4  # weight sets one timed graph walks through: 4 x 57 MB at s=1, TP2 >> a 60 MB L2
 
 
-def weight_sets(job) -> list:
+def weight_sets(job, layers: list[int]) -> list:
     """The rank's weights plus, on a GPU, more sets, so a timed replay reads every expert from HBM
     rather than from the L2 a previous step filled (cold weights): synthetic ones, or from a
-    checkpoint the layers after the job's (set_layers), as a decode step walks the model."""
+    checkpoint its ``layers`` (set_layers), as a decode step walks the model."""
     if job.device.type != "cuda":
         return [job.weights]
     from ffnq.weights import load_layer, shard, synthetic
 
     sets = [job.weights]
-    layers = set_layers(job) if job.checkpoint else []
     for k in range(1, ROTATE_SETS_GPU):
         if job.checkpoint:
             full = load_layer(job.checkpoint, layers[k], job.model, job.device)
@@ -158,10 +157,9 @@ def run(job, opts: dict, rec: Records) -> None:
     widths, L = opts["widths"], opts["layers"]
     fused = job.runner(widths)
     fused.warm(job.weights, job.compute_units())  # a grid that cannot be resident fails here, named
-    sets = weight_sets(job)
-    sets_of = ""
-    if job.checkpoint and len(sets) > 1:
-        sets_of = f" (checkpoint layers {', '.join(map(str, set_layers(job)))})"
+    layers = set_layers(job) if job.checkpoint and job.device.type == "cuda" else []  # the GPU's weight sets
+    sets = weight_sets(job, layers)
+    sets_of = f" (checkpoint layers {', '.join(map(str, layers))})" if layers and len(sets) > 1 else ""
     variants = [("fused", [fused] * len(sets))]
     if opts["baseline"]:
         variants += baselines(job, opts.get("baselines") or [], sets)
