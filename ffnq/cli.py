@@ -428,6 +428,10 @@ def compare(
         if len(gpus):
             notes.append(f"the runs ran on other GPU models ({gpus.base.iloc[0]} -> {gpus.new.iloc[0]}): their "
                          "latencies are the machines', not the kernel's")
+        other = table[(table.kind == "weights") & (table.verdict == "changed")]
+        if len(other):
+            notes.append(f"the runs read other weights ({other.base.iloc[0]} -> {other.new.iloc[0]}): the workload "
+                         "rows say whether their steps touched as many experts")
         verdict = f"{len(table)} rows: " + (cmp.counts(table) or "no change")
         show_table(table, json_out=json_out, title=f"compare {b['job']}: {Path(base).name} -> {Path(new).name}")
         # the plot is drawn inside the report's temp folder: one that fails leaves no half-written report

@@ -17,7 +17,9 @@ A width timed in one report only is a ``new`` or ``gone`` row (a gate fails a go
 width no longer judged). Qualify reports: a case that changed status (``regressed`` PASS -> FAIL,
 ``fixed``, ``new``, ``gone``). Warm reports: a width whose residency or CTAs per CU changed.
 Every job: a ``machine`` row where both reports name their host's GPUs, ``changed`` where the GPU
-models differ (an H100's p50 is no regression of an H200's: its HBM reads 3.11 TB/s, not 4.4).
+models differ (an H100's p50 is no regression of an H200's: its HBM reads 3.11 TB/s, not 4.4); a
+``weights`` row where either run read a checkpoint (``--checkpoint``), ``changed`` where the two
+read other weights (the ``workload`` rows then say whether their steps read as many bytes).
 """
 from __future__ import annotations
 
@@ -165,6 +167,25 @@ def machine_rows(base: dict, new: dict) -> list[dict]:
              "band_pct": None, "verdict": "same" if gb == gn else "changed"}]
 
 
+def weights_source(doc: dict) -> str | None:
+    """What a report's job read as weights ("checkpoint NAME layer N"; "synthetic"), None where it
+    does not say."""
+    conf = doc.get("config")
+    if not isinstance(conf, dict) or "checkpoint" not in conf:
+        return None
+    if not conf["checkpoint"]:
+        return "synthetic"
+    return f"checkpoint {Path(str(conf['checkpoint'])).name} layer {conf.get('checkpoint_layer')}"
+
+
+def weights_rows(base: dict, new: dict) -> list[dict]:
+    wb, wn = weights_source(base), weights_source(new)
+    if wb is None or wn is None or wb == wn == "synthetic":  # the seed's weights: the workload rows tell
+        return []
+    return [{"kind": "weights", "key": "weights", "metric": "source", "base": wb, "new": wn, "delta_pct": None,
+             "band_pct": None, "verdict": "same" if wb == wn else "changed"}]
+
+
 def compare(base: dict, new: dict) -> pd.DataFrame:
     jb, jn = base.get("job"), new.get("job")
     if jb != jn:
@@ -176,7 +197,7 @@ def compare(base: dict, new: dict) -> pd.DataFrame:
     if jb == "bench" and not (tb.p50_us.notna().any() or tn.p50_us.notna().any()):
         raise UsageError(f"compare {base.get('folder', 'base')} -> {new.get('folder', 'new')}: neither report "
                          "timed a width (no p50_us); nothing to compare")
-    return pd.DataFrame(machine_rows(base, new) + rows(tb, tn), columns=COLUMNS)
+    return pd.DataFrame(machine_rows(base, new) + weights_rows(base, new) + rows(tb, tn), columns=COLUMNS)
 
 
 def counts(table: pd.DataFrame) -> str:

@@ -254,3 +254,20 @@ def test_compare_names_the_gpu_models_of_two_committed_runs(tmp_path):
     assert rows[0] == {"kind": "machine", "key": "gpus", "metric": "model", "base": "NVIDIA H200",
                        "new": "NVIDIA H100 80GB HBM3", "delta_pct": None, "band_pct": None, "verdict": "changed"}
     assert {r["verdict"] for r in rows if r["metric"] == "p50_us"} == {"slower"}
+
+
+def test_compare_names_the_weights_each_run_read(tmp_path):
+    """Device round 106 (an H100): one bench on a synthetic checkpoint's layers, one on synthetic
+    weights, side by side; compare names both sources, and a run against itself has nothing changed."""
+    reports = TESTS.parent / "reports"
+    synth, ckpt = reports / "20261205T231210090-bench-triton-tp1", reports / "20261205T231151314-bench-triton-tp1"
+    p = ffnq("compare", str(synth), str(ckpt), "--out", str(tmp_path / "cmp"), tmp=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "the runs read other weights (synthetic -> checkpoint ffnq-ckpt-m2 layer 5)" in " ".join(p.stdout.split())
+    rows = json.loads((next((tmp_path / "cmp").glob("*-compare-*")) / "results.json").read_text())["tables"]["results"]
+    assert [r for r in rows if r["kind"] == "weights"] == [
+        {"kind": "weights", "key": "weights", "metric": "source", "base": "synthetic",
+         "new": "checkpoint ffnq-ckpt-m2 layer 5", "delta_pct": None, "band_pct": None, "verdict": "changed"}]
+    same = compare(load(ckpt), load(ckpt))
+    assert same[same.kind == "weights"].verdict.tolist() == ["same"]
+    assert compare(load(synth), load(synth)).query("kind == 'weights'").empty  # synthetic: the workload rows tell
