@@ -148,3 +148,12 @@ def test_bad_call_arguments():
     with pytest.raises(UsageError, match="region 'nope'"):
         r.region(2, "nope")
     shm.close()
+
+
+def test_steps_on_other_weights_read_those_weights():
+    """The runner's fp32 copies of the experts answer for the tensors they came from while those
+    live unchanged: another set, the same w13 under other scales, and weights written in place
+    are each stepped on as themselves."""
+    got = run_ranks(rankfns.other_weights, 1)[0]
+    assert set(got) == {"own", "other set", "other scales", "written in place"}
+    assert all(e < MAX_REL for e in got.values()), got

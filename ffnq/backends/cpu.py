@@ -10,6 +10,7 @@ x86 keeps stores in order (TSO), which is what orders a pushed row before its fl
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +58,8 @@ class CpuRunner(Runner):
         self._cols = [slice(c * H // B, (c + 1) * H // B) for c in range(B)]
         self._stamp = {n: i for i, n in enumerate(stamp_names(self.tp))}
         self._compile_s: dict[int, float] = {}
-        self._deq: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # (ids of w13, s13, w2, s2; local expert) -> (weakrefs to them, their versions, (w13, w2) fp32)
+        self._deq: dict[tuple, tuple] = {}
         self._deq_bytes = 0
 
     # ---- contract ----------------------------------------------------------------------------
@@ -82,16 +84,27 @@ class CpuRunner(Runner):
 
     # ---- helpers -----------------------------------------------------------------------------
     def expert(self, w, le: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Local expert ``le`` dequantized to fp32 (w13, w2), cached per weights object."""
-        key = (w.w13.data_ptr(), le)
-        hit = self._deq.get(key)
-        if hit is None:
-            b = self.model.block
-            hit = dequant(w.w13[le], w.s13[le], b), dequant(w.w2[le], w.s2[le], b)
-            nbytes = 4 * (hit[0].numel() + hit[1].numel())
-            if self._deq_bytes + nbytes <= DEQUANT_CACHE_BYTES:
-                self._deq[key] = hit
-                self._deq_bytes += nbytes
+        """Local expert ``le`` dequantized to fp32 (w13, w2), cached while the four tensors it came
+        from live unchanged: held weakly, with their version counts, not keyed by an address (a
+        freed set's successor may get the same one; new scales under one w13 are new weights)."""
+        ts = (w.w13, w.s13, w.w2, w.s2)
+        key = (*map(id, ts), le)
+        versions = tuple(t._version for t in ts)
+        entry = self._deq.get(key)
+        if entry is not None and all(r() is t for r, t in zip(entry[0], ts)) and entry[1] == versions:
+            return entry[2]
+        b = self.model.block
+        hit = dequant(w.w13[le], w.s13[le], b), dequant(w.w2[le], w.s2[le], b)
+        # the copies of freed or rewritten tensors go when a new one is made
+        for k, (refs, vs, old) in list(self._deq.items()):
+            if k == key or any(r() is None for r in refs) or (
+                    all(r() is t for r, t in zip(refs, ts)) and vs != versions):
+                del self._deq[k]
+                self._deq_bytes -= 4 * (old[0].numel() + old[1].numel())
+        nbytes = 4 * (hit[0].numel() + hit[1].numel())
+        if self._deq_bytes + nbytes <= DEQUANT_CACHE_BYTES:
+            self._deq[key] = (tuple(weakref.ref(t) for t in ts), versions, hit)
+            self._deq_bytes += nbytes
         return hit
 
     def _check_weights(self, w) -> None:
