@@ -288,6 +288,10 @@ def deadline_for(job: str, opts: JobOptions) -> float:
         variants = 1 + (max(len(opts.baselines), 3) if opts.baseline else 0)
         bursts = math.ceil(opts.rep_ms / opts.burst_ms) if opts.burst_ms else 0
         per = (opts.rep_ms + opts.warmup_ms + bursts * opts.idle_ms) / 1e3 * variants + 3.0 * opts.layers
+        if opts.backend in GPU_BACKENDS:  # each further weight set's check (an oracle step and the launches)
+            from ffnq.jobs.bench import ROTATE_SETS_GPU
+
+            per += (ROTATE_SETS_GPU - 1) * (1.0 + 0.1 * opts.layers)
         work = w * per * 3
     else:
         work = 30 + 10 * w

@@ -208,3 +208,70 @@ def digest(t: torch.Tensor) -> str:
     import hashlib
 
     return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def _set(job, seed):
+    """Another layer's weights (synthetic from ``seed``) and this rank's shard of them."""
+    from ffnq.weights import shard, synthetic
+
+    full = synthetic(job.model, seed)
+    return full, shard(full, job.model, job.tp, job.rank, job.experts)
+
+
+def other_weights(rank, world):
+    """One runner stepped on weights other than those it warmed on: another set, the same w13 with
+    other scales, and weights written in place; each step's rel_err against its own fp64 oracle
+    (a dequant cached by address or by w13 alone answers with the old weights')."""
+    import dataclasses
+
+    job = setup("cpu", "tiny", "all", TIMEOUT, seed=7)
+    r = job.runner(widths=[4])
+    r.warm(job.weights)
+    parts, residual, slots = job.inputs(4, 5)
+
+    def err(full, w):
+        barrier()
+        out, _ = r(parts[job.rank], residual, w, slots, final=True)
+        return reference.compare(out, reference.step(parts, residual, slots, full, job.model).out)["rel_err"]
+
+    got = {"own": err(job.full, job.weights)}
+    full, w = _set(job, 11)
+    got["other set"] = err(full, w)
+    rescaled = dataclasses.replace(full, s1=full.s1 * 2, s3=full.s3 * 2, s2=full.s2 * 3)
+    w2 = dataclasses.replace(w, s13=w.s13 * 2, s2=w.s2 * 3)  # the same w13 and w2 tensors
+    got["other scales"] = err(rescaled, w2)
+    full3, w3 = _set(job, 12)
+    w.w13.copy_(w3.w13)
+    w.w2.copy_(w3.w2)
+    w.s13.copy_(w3.s13)
+    w.s2.copy_(w3.s2)
+    got["written in place"] = err(dataclasses.replace(full3, post_norm=full.post_norm, router=full.router,
+                                                      router_bias=full.router_bias), w)
+    job.close()
+    return got
+
+
+def bench_check_set(rank, world, result_dir):
+    """bench.check_set on a second weight set: a runner that reads the set it is given passes every
+    width; one that keeps reading the first weights it saw (a stale copy) fails every width."""
+    from ffnq.jobs import bench
+    from ffnq.jobs.records import Records
+
+    job = setup("cpu", "tiny", "all", TIMEOUT, seed=7)
+    rec = Records(result_dir, rank)
+    full, w = _set(job, 1007)
+    good = job.runner(widths=[1, 3])
+    good.warm(job.weights)
+    stale = job.runner(widths=[1, 3])
+    stale.warm(job.weights)
+    first = job.weights
+
+    class Stale(type(stale)):
+        def __call__(self, part, residual, weights, slots, final=False):
+            return super().__call__(part, residual, first, slots, final=final)
+
+    stale.__class__ = Stale
+    out = {"good": bench.check_set(job, good, [1, 3], w, full, 2, rec),
+           "stale": bench.check_set(job, stale, [1, 3], w, full, 1, rec)}
+    job.close()
+    return out

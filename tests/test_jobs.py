@@ -215,3 +215,15 @@ def test_jobs_give_warm_the_gpus_compute_units(monkeypatch):
     for mod in (bench, qualify, soak):
         warms = [ln for ln in inspect.getsource(mod).splitlines() if ".warm(" in ln]
         assert warms and all("compute_units()" in ln for ln in warms), (mod.__name__, warms)
+
+
+def test_bench_checks_every_weight_set_it_times(tmp_path):
+    """bench on a GPU times each width over four weight sets; check_set holds every width on each
+    further set to its own fp64 oracle first, so a runner that reads stale weights is refused
+    there (timed, it would read L2-warm bytes the floor counts as HBM reads)."""
+    import rankfns
+    from multirank import run_ranks
+
+    for got in run_ranks(rankfns.bench_check_set, 2, str(tmp_path), timeout=240):
+        assert got["good"] == {}
+        assert set(got["stale"]) == {1, 3} and all(v for v in got["stale"].values()), got

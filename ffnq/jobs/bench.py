@@ -45,23 +45,49 @@ REL_ERR_OF = {"vllm": 8e-2}
 ROTATE_SETS_GPU = 4  # weight sets one timed graph walks through: 4 x 57 MB at s=1, TP2 >> a 60 MB L2
 
 
-def weight_sets(job, layers: list[int]) -> list:
-    """The rank's weights plus, on a GPU, more sets, so a timed replay reads every expert from HBM
-    rather than from the L2 a previous step filled (cold weights): synthetic ones, or from a
-    checkpoint its ``layers`` (set_layers), as a decode step walks the model."""
+def weight_sets(job, layers: list[int]):
+    """(RankWeights, FullWeights) of each weight set, made as asked for: the rank's own and, on a
+    GPU, more sets, so a timed replay reads every expert from HBM rather than from the L2 a
+    previous step filled (cold weights): synthetic ones of their own seeds, or from a checkpoint
+    its ``layers`` (set_layers), as a decode step walks the model. A set's whole layer (what its
+    oracle reads) lives until the next is made."""
+    yield job.weights, job.full
     if job.device.type != "cuda":
-        return [job.weights]
+        return
     from ffnq.weights import load_layer, shard, synthetic
 
-    sets = [job.weights]
     for k in range(1, ROTATE_SETS_GPU):
         if job.checkpoint:
             full = load_layer(job.checkpoint, layers[k], job.model, job.device)
         else:
             full = synthetic(job.model, job.seed + 1000 * k, job.device)
-        sets.append(shard(full, job.model, job.tp, job.rank, job.experts))
+        yield shard(full, job.model, job.tp, job.rank, job.experts), full
         del full
-    return sets
+
+
+def check_set(job, fused, widths: list[int], weights, full, L: int, rec: Records) -> dict[int, str]:
+    """Every width on one more weight set (the width's own check covers the first), against the
+    fp64 oracle of that set's layer ``full``, before anything is timed: a replay that read other
+    weights than it was given (a runner's stale packed copy) would time L2-warm bytes that the
+    floor counts as HBM reads, and pass a check of the first set alone. Collective. Returns
+    width -> what failed there, the same on every rank."""
+    bad = {}
+    for i, s in enumerate(widths):
+        rec.progress(i, len(widths), f"check w={s}")
+        parts, residual, slots = job.inputs(s, CASE + s)
+        ref = reference.step(parts, residual, slots, full, job.model, job.experts)
+        barrier()
+        fused.poison_outputs = True
+        for layer in range(L):
+            out, res_out = fused(parts[job.rank], residual, weights, slots, final=layer == L - 1)
+        fused.poison_outputs = False
+        fault = fused.fault(s)
+        want = oracle(job, "fused", fused.chosen(s), (parts, residual, slots), ref, full)
+        c, c2 = reference.compare(out, want.out), reference.compare(res_out, want.res_out)
+        ok = not fault and c["wrong"] + c2["wrong"] == 0 and max(c["rel_err"], c2["rel_err"]) <= reference.MAX_REL_ERR
+        if not all_ranks_ok(ok):
+            bad[s] = str(fault or c["worst"] or c2["worst"]) if not ok else "another rank's check failed"
+    return bad
 
 
 def set_layers(job) -> list[int]:
@@ -139,18 +165,20 @@ def floor_row(job, floor: tuple[float, float], inputs: tuple, sets: list) -> dic
             "weight_sets": len(sets)}
 
 
-def oracle(job, name: str, pick: torch.Tensor | None, inputs: tuple, ref: reference.Reference) -> reference.Reference:
-    """What variant ``name`` is checked against: the oracle ``ref``, except on a near-tie row
-    that the variant broke its own way (``pick``, its route) where that is still a top-k: the
-    fused kernel within TIE_EPS (fp32 router), a baseline within BF16_TIE_EPS (its h is rounded
-    to bf16, which flips about one row in a hundred at TP2)."""
+def oracle(job, name: str, pick: torch.Tensor | None, inputs: tuple, ref: reference.Reference,
+           full=None) -> reference.Reference:
+    """What variant ``name`` is checked against: the oracle ``ref`` (of ``full``, the job's layer
+    unless given), except on a near-tie row that the variant broke its own way (``pick``, its
+    route) where that is still a top-k: the fused kernel within TIE_EPS (fp32 router), a baseline
+    within BF16_TIE_EPS (its h is rounded to bf16, which flips about one row in a hundred at TP2)."""
     if pick is None:
         return ref
     pick = pick.to(ref.chosen.device)
     if torch.equal(pick, ref.chosen):
         return ref
     eps = reference.TIE_EPS if name == "fused" else reference.BF16_TIE_EPS
-    return reference.step(*inputs, job.full, job.model, job.experts, follow=pick, tie_eps=eps)
+    return reference.step(*inputs, job.full if full is None else full, job.model, job.experts, follow=pick,
+                          tie_eps=eps)
 
 
 def run(job, opts: dict, rec: Records) -> None:
@@ -158,7 +186,14 @@ def run(job, opts: dict, rec: Records) -> None:
     fused = job.runner(widths)
     fused.warm(job.weights, job.compute_units())  # a grid that cannot be resident fails here, named
     layers = set_layers(job) if job.checkpoint and job.device.type == "cuda" else []  # the GPU's weight sets
-    sets = weight_sets(job, layers)
+    sets, bad_sets = [], {}
+    for k, (weights, full) in enumerate(weight_sets(job, layers)):
+        sets.append(weights)
+        if k:
+            name = f"weight set {k}" + (f" (checkpoint layer {layers[k]})" if layers else "")
+            bad = check_set(job, fused, widths, weights, full, L, rec)
+            bad_sets |= {s: f"{name}: {why}" for s, why in bad.items() if s not in bad_sets}
+        del full  # one whole layer besides the job's at a time
     sets_of = f" (checkpoint layers {', '.join(map(str, layers))})" if layers and len(sets) > 1 else ""
     variants = [("fused", [fused] * len(sets))]
     if opts["baseline"]:
@@ -205,6 +240,8 @@ def run(job, opts: dict, rec: Records) -> None:
             rel = max(c["rel_err"], c2["rel_err"])
             if kernel:  # the kernel under test: the qualify standard
                 ok = not fault and c["wrong"] + c2["wrong"] == 0 and rel <= reference.MAX_REL_ERR
+            if name == "fused" and s in bad_sets:  # another of the sets it would be timed on is read wrong
+                ok, fault = False, bad_sets[s]
             else:  # a baseline only has to compute the same step (stock parts round in bf16)
                 ok = rel <= REL_ERR_OF.get(name, BASELINE_REL_ERR) and c2["wrong"] == 0
             row = {"width": s, "variant": name, "rank": job.rank, "check": "OK" if ok else "FAIL",
@@ -225,7 +262,8 @@ def run(job, opts: dict, rec: Records) -> None:
             watch = ClockWatch(job.device)
             warmup = steps_for(est_us * per, opts["warmup_ms"], 1, opts["max_steps"])
             samples = [x / per for x in timer(n, burst=burst, idle_s=idle_ms / 1e3, watch=watch, warmup=warmup)]
-            row["timing"] = (timer.mode + (f", {per} weight sets{sets_of} per replay (cold L2)" if per > 1 else "")
+            row["timing"] = (timer.mode + (f", {per} weight sets{sets_of} per replay (cold L2), each checked"
+                                           if per > 1 else "")
                              + (f", bursts of {burst} steps after {idle_ms:g} ms idle" if idle_ms else ""))
             row |= watch.summary()
             if name == "fused" and fused.fault(s):
