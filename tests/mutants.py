@@ -155,6 +155,14 @@ class LastRowUnwritten(CpuRunner):
         return o, r
 
 
+class FirstWeightsKept(CpuRunner):
+    """the experts of the first weights it was stepped on used for every later set (a cache keyed by shape)"""
+
+    def expert(self, w, le):
+        self._first = getattr(self, "_first", None) or w
+        return super().expert(self._first, le)
+
+
 RouteWeightsUnwritten = mutant(_RouteWeightsUnwritten, "the routing weights (route_w) not written")
 ScaleColumnsShifted = mutant(_ScaleColumnsShifted, "each FP8 block scale taken from the next column block",
                              expert=_expert_scale_columns_shifted)

@@ -34,6 +34,7 @@ CAUGHT_BY = {
     "RouteWeightsUnwritten": "correct",
     "ScaleColumnsShifted": "correct",
     "LastRowUnwritten": "correct",
+    "FirstWeightsKept": "other-weights",
 }
 
 

@@ -10,6 +10,9 @@ kernel writes it, so a row nobody wrote fails):
 * ``two-runners``: a production and a timeline runner on one peer buffer alternate; every step
   must be correct and move the one shared epoch on by exactly 1;
 * ``reset-mid-run``: a layer, a collective reset (epoch back to 0, no fault), then a step;
+* ``other-weights``: a step on another layer's weights, then one on the job's own again, each
+  checked against its own layer's oracle (a runner that keys what it derives from the weights,
+  a packed copy or a dequant, by anything but those tensors answers with the old ones);
 * per injected rank R: ``inject-under`` (delay 0.3 x timeout: correct, and every other rank's
   timeline shows it waited for R), ``inject-over`` (delay 2.5 x timeout: every rank reports a
   fault naming R, the others return before R arrives), ``recovery`` (reset, then correct);
@@ -33,9 +36,11 @@ from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, clock_offsets, main
 from ffnq.launch import over_delay_ns, under_delay_ns
 from ffnq.spec import stamp_names
+from ffnq.weights import shard, synthetic
 
 POISON_ROUTE = -7
 ROUTE_W_ATOL = 1e-4  # routing weights (each ~1/k, summing to 1) against the oracle's
+OTHER_WEIGHTS_SEED = 7919  # other-weights' layer: synthetic from the job's seed plus this
 WAIT_SEEN_FRACTION = 0.5  # an under-timeout delay must show as at least this much wait (of the delay)
 
 
@@ -57,7 +62,11 @@ class Qualify:
         self.case_id = 0
 
     # ---- one checked step ----------------------------------------------------------------------
-    def step(self, r, s: int, padding: int = 0, final: bool = True, check: bool = True, scale: float = 1.0) -> dict:
+    def step(self, r, s: int, padding: int = 0, final: bool = True, check: bool = True, scale: float = 1.0,
+             weights=None) -> dict:
+        """One step on ``weights`` (RankWeights and the FullWeights its oracle reads; the job's own
+        if not given), checked unless ``check`` is off."""
+        rank_w, full = weights or (self.job.weights, self.job.full)
         self.case_id += 1
         parts, residual, slots = self.job.inputs(s, self.case_id, 0, padding)
         if scale != 1.0:
@@ -73,7 +82,7 @@ class Qualify:
         t0 = time.perf_counter()
         raised = None
         try:
-            out, res_out = r(parts[self.rank], residual, self.job.weights, slots, final=final)
+            out, res_out = r(parts[self.rank], residual, rank_w, slots, final=final)
             _sync(r.device)
         except RankFault as e:  # a runner may raise its fault record instead of leaving it
             raised = e.record
@@ -82,8 +91,7 @@ class Qualify:
         if check and raised is None:
             # a near-tie row may pick either side: the oracle follows the kernel's admissible pick
             route = r.chosen(s).to(residual.device)
-            ref = reference.step(parts, residual, slots, self.job.full, self.job.model, self.job.experts,
-                                 follow=route)
+            ref = reference.step(parts, residual, slots, full, self.job.model, self.job.experts, follow=route)
             ev |= evidence(r, s, out, res_out, ref, slots)
         return ev
 
@@ -109,6 +117,7 @@ class Qualify:
                   lambda: self.verdict(self.step(self.main, self.wt, 1, final=True, scale=1e-3))))
         p.append(("two-runners", self.wt, self.two_runners))
         p.append(("reset-mid-run", self.wt, self.reset_mid_run))
+        p.append(("other-weights", self.wt, self.other_weights))
         if self.tp > 1:
             for R in self.opts["inject_ranks"]:
                 p.append((f"inject-under r{R}", self.wt, lambda R=R: self.inject_under(R)))
@@ -153,6 +162,14 @@ class Qualify:
         self.reset()
         problems = self.after_reset()  # before the next launch could hide a stale record
         return self.verdict(self.step(self.main, self.wt, 1, final=True), problems)
+
+    def other_weights(self) -> dict:
+        job = self.job
+        full = synthetic(job.model, job.seed + OTHER_WEIGHTS_SEED, job.device)
+        other = (shard(full, job.model, job.tp, job.rank, job.experts), full)
+        evs = [self.verdict(self.step(self.main, self.wt, 1, final=False, weights=other)),
+               self.verdict(self.step(self.main, self.wt, 0, final=True))]
+        return self.worst(evs, [])
 
     def inject_under(self, R: int) -> dict:
         delay = under_delay_ns(self.job.timeout)
