@@ -139,22 +139,31 @@ def layer_names(layer: int, expert: int | None = None) -> dict[str, str]:
         f"s{k[1]}": f"{e}.{k}.weight_scale_inv" for k in ("w1", "w3", "w2")}
 
 
+_INDEXED: dict[tuple, dict[str, Path]] = {}  # a process's reads of one checkpoint's headers, by its files' stats
+
+
 def _index(path: str | Path) -> tuple[Path, dict[str, Path]]:
     """A checkpoint folder (or one .safetensors file): every tensor name -> the file holding it
-    (headers only)."""
+    (headers only; read once per process while the files' sizes and times stay as they were: a
+    bench on a GPU loads four layers, and a real checkpoint has 126 files)."""
     from safetensors import safe_open
 
     path = Path(path)
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
     if not files or not files[0].is_file():
         raise UsageError(f"checkpoint {path}: no .safetensors file there")
+    key = tuple((str(f.resolve()), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    if key in _INDEXED:
+        return path, _INDEXED[key]
     where: dict[str, Path] = {}
     for f in files:
         try:
             with safe_open(f, "pt") as st:
-                where.update({k: f for k in st.keys()})
+                where.update({k: f.resolve() for k in st.keys()})
         except Exception as e:  # noqa: BLE001 - a file that is not safetensors is bad input here
             raise UsageError(f"checkpoint {f}: not a readable .safetensors file ({e})") from None
+    _INDEXED.clear()  # one checkpoint at a time
+    _INDEXED[key] = where
     return path, where
 
 

@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -133,3 +136,29 @@ def test_a_missing_tensor_or_file_is_named(tmp_path):
     (tmp_path / "junk.safetensors").write_text("not a checkpoint")
     with pytest.raises(UsageError, match="junk.safetensors: not a readable .safetensors file"):
         check_checkpoint(tmp_path / "junk.safetensors", 0, M)
+
+
+def test_a_checkpoints_headers_are_read_once_per_process_until_its_files_change(tmp_path, monkeypatch):
+    """A bench on a GPU loads four layers of one checkpoint: the headers of its files (126 in a real
+    one) are read once; a checkpoint rewritten in place is read again."""
+    import safetensors
+
+    ck = write_checkpoint(tmp_path / "ck", M, layers=[2, 3])
+    opened = []
+    real = safetensors.safe_open
+
+    def counting(f, *a, **k):
+        opened.append(Path(f).name)
+        return real(f, *a, **k)
+
+    monkeypatch.setattr(safetensors, "safe_open", counting)
+    assert checkpoint_layers(ck) == [2, 3]
+    n = len(opened)
+    assert n >= 1 and checkpoint_layers(ck) == [2, 3] and len(opened) == n
+    got = load_layer(ck, 2, M)
+    assert len(opened) <= 2 * n  # the files holding the layer's tensors, no header pass
+    write_checkpoint(tmp_path / "ck", M, layers=[4])
+    for f in (tmp_path / "ck").glob("*.safetensors"):  # a rewrite within the clock's step still counts
+        os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 1))
+    assert checkpoint_layers(ck) == [4]
+    assert torch.equal(got.router, synthetic(M, 2).router)
