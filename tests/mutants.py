@@ -155,6 +155,14 @@ class LastRowUnwritten(CpuRunner):
         return o, r
 
 
+class OutputTwoPercentHigh(CpuRunner):
+    """the MoE output 2% too large: within a bf16 baseline's 3e-2 of the oracle, not the kernel's 1e-2"""
+
+    def __call__(self, part, residual, weights, slots, final=False):
+        out, res = super().__call__(part, residual, weights, slots, final)
+        return (out.float() * 1.02).to(out.dtype), res
+
+
 class FirstWeightsKept(CpuRunner):
     """the experts of the first weights it was stepped on used for every later set (a cache keyed by shape)"""
 

@@ -168,6 +168,17 @@ def test_qualify_catches_a_planted_bug(tmp_path):
     assert "nonzero in padding rows" in cases.loc["correct+padding", "evidence"]
 
 
+def test_bench_holds_the_kernel_to_the_qualify_standard_not_a_baselines(tmp_path):
+    """A fused step 2% off the oracle is within a bf16 baseline's 3e-2 but not the kernel's 1e-2:
+    bench must refuse to time it (the check, not the timing, is the verdict)."""
+    r = ffnq("bench", "--runner", "mutants:OutputTwoPercentHigh", "--tp", "2", "--widths", "2", "--rep-ms", "50",
+             "--baselines", "none", "--out", tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    row = pd.read_csv(one_report(tmp_path, "bench") / "results.csv").iloc[0]
+    assert row.check == "FAIL" and 1.5e-2 < row.rel_err < 3e-2, row.to_dict()
+    assert "p50_us" not in row or pd.isna(row.p50_us)  # not timed
+
+
 def test_a_dead_rank_is_named(tmp_path):
     t0 = time.monotonic()
     r = ffnq("qualify", "--backend", "cpu", "--tp", "2", "--widths", "1", "--out", tmp_path,

@@ -35,6 +35,7 @@ CAUGHT_BY = {
     "ScaleColumnsShifted": "correct",
     "LastRowUnwritten": "correct",
     "FirstWeightsKept": "other-weights",
+    "OutputTwoPercentHigh": "correct",
 }
 
 
