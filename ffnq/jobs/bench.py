@@ -1,7 +1,9 @@
 """bench, one rank: per width, check then time the fused step and the unfused baseline.
 
-Each width: fresh inputs, one checked step of each variant against the fp64 reference (a
-variant that is wrong is not timed), an estimate (3 calls of the StepTimer that then takes the
+On a GPU a timed step walks four weight sets (cold L2); the fused step is first checked at every
+width on each set after the first, against that set's own fp64 oracle (check_set). Then each
+width: fresh inputs, one checked step of each variant against the fp64 reference (a variant that
+is wrong is not timed), an estimate (3 calls of the StepTimer that then takes the
 samples: graph replays on a GPU; max over ranks) that turns the ms budgets into step counts every
 rank agrees on, then warm-up and samples, on a GPU in
 bursts of ``burst_ms`` each after ``idle_ms`` idle, so that no window runs long enough to bring
