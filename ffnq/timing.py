@@ -39,7 +39,8 @@ class StepTimer:
     the step is captured into a CUDA graph once, at the first timing (every collective setup must
     be done before), and each sample is one replay between two events; where the capture fails
     and ``fallback`` allows, the step is timed eagerly between events instead (``mode`` says
-    which), else the capture's RuntimeError is raised."""
+    which), else the capture's RuntimeError is raised. ``last``: what the latest call returned
+    (of a graph: what its capture returned, memory each replay writes again)."""
 
     def __init__(self, fn: Callable[[], object], *, barrier: Callable[[], None] | None = None,
                  device: torch.device | str = "cpu", graph: bool = False, fallback: bool = False):
@@ -47,20 +48,24 @@ class StepTimer:
         self.graph, self.fallback = graph and self.dev.type == "cuda", fallback
         self.mode = "wall-clock" if self.dev.type != "cuda" else "cuda-graph" if self.graph else "cuda-events"
         self._call = self._stream = None
+        self.last = None
+
+    def _keep(self) -> None:
+        self.last = self.fn()
 
     def _ready(self) -> Callable[[], object]:
         if self._call is None:
             self._stream = torch.cuda.Stream(self.dev)
             self._stream.wait_stream(torch.cuda.current_stream(self.dev))
             with torch.cuda.stream(self._stream):
-                self.fn()  # warm the allocator on the capture stream
-                self._call = self.fn
+                self._keep()  # warm the allocator on the capture stream
+                self._call = self._keep
                 if self.graph:
                     try:
                         g = torch.cuda.CUDAGraph()
                         with torch.cuda.graph(g, stream=self._stream):
-                            self.fn()
-                        self._call = g.replay  # (the bound method keeps the graph alive)
+                            out = self.fn()
+                        self._call, self.last = g.replay, out  # (the bound method keeps the graph alive)
                     except RuntimeError as e:
                         if not self.fallback:
                             raise
@@ -73,7 +78,7 @@ class StepTimer:
         if self.barrier:
             self.barrier()
         t0 = time.perf_counter_ns()
-        self.fn()
+        self.last = self.fn()
         return (time.perf_counter_ns() - t0) / 1e3
 
     def __call__(self, steps: int, *, burst: int = 0, idle_s: float = 0.0, watch=None,

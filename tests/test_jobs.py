@@ -45,15 +45,18 @@ def test_step_timer_times_one_step_again_and_again():
 
 def test_bench_estimate_and_samples_share_one_timer(tmp_path):
     """Each (width, variant) of a bench makes one timer, asks it for the 3-call estimate, then for
-    the warm-up and samples: the step is captured once on a GPU, and the estimate is timed as the
-    samples are (an eager Triton step at one token took 2-4x its replay)."""
+    the warm-up and samples (and the fused step's for one more call, checked): the step is captured
+    once on a GPU, and the estimate is timed as the samples are (an eager Triton step at one token
+    took 2-4x its replay)."""
     import rankfns
     from multirank import run_ranks
 
     got = run_ranks(rankfns.bench_timers, 1, str(tmp_path), timeout=240)[0]
     assert len(got["made"]) == 2 * 2  # widths 1 and 2, fused and the unfused baseline
     for asked in got["made"]:
-        assert asked[0] == (3, 0) and len(asked) == 2 and asked[1][1] >= 1 and 3 <= asked[1][0] <= 20
+        assert asked[0] == (3, 0) and asked[1][1] >= 1 and 3 <= asked[1][0] <= 20
+    # the fused step's timer makes one more call after its samples, whose outputs are checked
+    assert sorted(asked[2:] for asked in got["made"]) == [[], [], [(1, 0)], [(1, 0)]]
     assert {r["check"] for r in got["rows"]} == {"OK"} and {r["timing"] for r in got["rows"]} == {"wall-clock"}
 
 
@@ -179,6 +182,17 @@ def test_bench_holds_the_kernel_to_the_qualify_standard_not_a_baselines(tmp_path
     assert "p50_us" not in row or pd.isna(row.p50_us)  # not timed
 
 
+def test_bench_checks_what_it_timed(tmp_path):
+    """A runner whose first call at a width is right and whose later calls hand back those outputs
+    untouched passes the check before timing; the timed step's outputs, poisoned and made again by
+    one more timed call, must equal the checked step's, so the width FAILs (and names why)."""
+    r = ffnq("bench", "--runner", "mutants:OutputsOnce", "--tp", "2", "--widths", "1,3", "--rep-ms", "50",
+             "--baselines", "none", "--out", tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    t = pd.read_csv(one_report(tmp_path, "bench") / "results.csv")
+    assert (t.check == "FAIL").all() and t.detail.str.contains("timed step's outputs differ").all(), t.to_dict()
+
+
 def test_a_dead_rank_is_named(tmp_path):
     t0 = time.monotonic()
     r = ffnq("qualify", "--backend", "cpu", "--tp", "2", "--widths", "1", "--out", tmp_path,
@@ -236,5 +250,5 @@ def test_bench_checks_every_weight_set_it_times(tmp_path):
     from multirank import run_ranks
 
     for got in run_ranks(rankfns.bench_check_set, 2, str(tmp_path), timeout=240):
-        assert got["good"] == {}
+        assert got["good"] == {} and got["outs"] == {1: [1, 1], 3: [3, 3]}  # each width's checked outputs
         assert set(got["stale"]) == {1, 3} and all(v for v in got["stale"].values()), got

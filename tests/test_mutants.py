@@ -36,6 +36,7 @@ CAUGHT_BY = {
     "LastRowUnwritten": "correct",
     "FirstWeightsKept": "other-weights",
     "OutputTwoPercentHigh": "correct",
+    "OutputsOnce": "correct+padding",
 }
 
 

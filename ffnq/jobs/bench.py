@@ -67,13 +67,13 @@ def weight_sets(job, layers: list[int]):
         del full
 
 
-def check_set(job, fused, widths: list[int], weights, full, L: int, rec: Records) -> dict[int, str]:
+def check_set(job, fused, widths: list[int], weights, full, L: int, rec: Records) -> tuple[dict, dict]:
     """Every width on one more weight set (the width's own check covers the first), against the
     fp64 oracle of that set's layer ``full``, before anything is timed: a replay that read other
     weights than it was given (a runner's stale packed copy) would time L2-warm bytes that the
     floor counts as HBM reads, and pass a check of the first set alone. Collective. Returns
-    width -> what failed there, the same on every rank."""
-    bad = {}
+    width -> what failed there (the same on every rank) and width -> the checked outputs (copies)."""
+    bad, outs = {}, {}
     for i, s in enumerate(widths):
         rec.progress(i, len(widths), f"check w={s}")
         parts, residual, slots = job.inputs(s, CASE + s)
@@ -89,7 +89,20 @@ def check_set(job, fused, widths: list[int], weights, full, L: int, rec: Records
         ok = not fault and c["wrong"] + c2["wrong"] == 0 and max(c["rel_err"], c2["rel_err"]) <= reference.MAX_REL_ERR
         if not all_ranks_ok(ok):
             bad[s] = str(fault or c["worst"] or c2["worst"]) if not ok else "another rank's check failed"
-    return bad
+        outs[s] = (out.clone(), res_out.clone())
+    return bad, outs
+
+
+def replay_differs(timer: StepTimer, want: tuple) -> int:
+    """Bytes in which the timed step's outputs, poisoned (NaN) and then made again by one more
+    timed call (on a GPU a graph replay), differ from the checked step's on the same weight set
+    ``want``: 0 for a kernel whose sums have a fixed order. What was timed is what was checked, and
+    not outputs a warm-up or the capture left behind. Collective."""
+    for t in timer.last:
+        t.fill_(float("nan"))
+    timer(1)
+    return sum(int((g.contiguous().view(-1).view(torch.uint8) != w.contiguous().view(-1).view(torch.uint8)).sum())
+               for g, w in zip(timer.last, want))
 
 
 def set_layers(job) -> list[int]:
@@ -188,12 +201,12 @@ def run(job, opts: dict, rec: Records) -> None:
     fused = job.runner(widths)
     fused.warm(job.weights, job.compute_units())  # a grid that cannot be resident fails here, named
     layers = set_layers(job) if job.checkpoint and job.device.type == "cuda" else []  # the GPU's weight sets
-    sets, bad_sets = [], {}
+    sets, bad_sets, last_outs = [], {}, {}  # last_outs: the checked outputs of the last set, by width
     for k, (weights, full) in enumerate(weight_sets(job, layers)):
         sets.append(weights)
         if k:
             name = f"weight set {k}" + (f" (checkpoint layer {layers[k]})" if layers else "")
-            bad = check_set(job, fused, widths, weights, full, L, rec)
+            bad, last_outs = check_set(job, fused, widths, weights, full, L, rec)
             bad_sets |= {s: f"{name}: {why}" for s, why in bad.items() if s not in bad_sets}
         del full  # one whole layer besides the job's at a time
     sets_of = f" (checkpoint layers {', '.join(map(str, layers))})" if layers and len(sets) > 1 else ""
@@ -246,6 +259,8 @@ def run(job, opts: dict, rec: Records) -> None:
                 ok = rel <= REL_ERR_OF.get(name, BASELINE_REL_ERR) and c2["wrong"] == 0
             if name == "fused" and s in bad_sets:  # another of the sets it is timed on was read wrong
                 ok, fault = False, fault or bad_sets[s]
+            if name == "fused" and len(sets) == 1:  # the set a timed step ends on: its checked outputs
+                last_outs[s] = (out.clone(), res_out.clone())
             row = {"width": s, "variant": name, "rank": job.rank, "check": "OK" if ok else "FAIL",
                    "rel_err": rel, "wrong": c["wrong"] + c2["wrong"], "layers": L,
                    "followed": int((want.chosen != ref.chosen).any(-1).sum())} | extra
@@ -269,8 +284,16 @@ def run(job, opts: dict, rec: Records) -> None:
                                            if per > 1 else "")
                              + (f", bursts of {burst} steps after {idle_ms:g} ms idle" if idle_ms else ""))
             row |= watch.summary()
-            if name == "fused" and fused.fault(s):
-                row["check"], row["detail"] = "FAIL", f"fault while timing: {fused.fault(s)}"
+            if name == "fused":
+                faulted = fused.fault(s)
+                if faulted:
+                    row["check"], row["detail"] = "FAIL", f"fault while timing: {faulted}"
+                if all_ranks_ok(not faulted):  # then one more timed call, checked (every rank launches it)
+                    nbad = replay_differs(timer, last_outs[s])
+                    if not all_ranks_ok(nbad == 0):
+                        row["check"] = "FAIL"
+                        row["detail"] = (f"the timed step's outputs differ from the checked step's in {nbad} bytes"
+                                         if nbad else "another rank's timed outputs differ from its checked step's")
             rec.row("latency", row | quantiles_us(samples))
     rec.progress(total, total, "done")
 
