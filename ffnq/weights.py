@@ -152,14 +152,15 @@ def _index(path: str | Path) -> tuple[Path, dict[str, Path]]:
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
     if not files or not files[0].is_file():
         raise UsageError(f"checkpoint {path}: no .safetensors file there")
-    key = tuple((str(f.resolve()), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    files = [f.resolve() for f in files]
+    key = tuple((str(f), st.st_mtime_ns, st.st_size) for f, st in ((f, f.stat()) for f in files))
     if key in _INDEXED:
         return path, _INDEXED[key]
     where: dict[str, Path] = {}
     for f in files:
         try:
             with safe_open(f, "pt") as st:
-                where.update({k: f.resolve() for k in st.keys()})
+                where.update({k: f for k in st.keys()})
         except Exception as e:  # noqa: BLE001 - a file that is not safetensors is bad input here
             raise UsageError(f"checkpoint {f}: not a readable .safetensors file ({e})") from None
     _INDEXED.clear()  # one checkpoint at a time

@@ -271,7 +271,8 @@ def bench_check_set(rank, world, result_dir):
             return super().__call__(part, residual, first, slots, final=final)
 
     stale.__class__ = Stale
-    (good_bad, good_outs), (stale_bad, _) = (bench.check_set(job, r, [1, 3], w, full, L, rec)
+    inputs = {s: job.inputs(s, bench.CASE + s) for s in (1, 3)}
+    (good_bad, good_outs), (stale_bad, _) = (bench.check_set(job, r, inputs, w, full, L, rec)
                                              for r, L in ((good, 2), (stale, 1)))
     out = {"good": good_bad, "stale": stale_bad, "outs": {s: [t.shape[0] for t in o] for s, o in good_outs.items()}}
     job.close()

@@ -67,26 +67,43 @@ def weight_sets(job, layers: list[int]):
         del full
 
 
-def check_set(job, fused, widths: list[int], weights, full, L: int, rec: Records) -> tuple[dict, dict]:
-    """Every width on one more weight set (the width's own check covers the first), against the
-    fp64 oracle of that set's layer ``full``, before anything is timed: a replay that read other
-    weights than it was given (a runner's stale packed copy) would time L2-warm bytes that the
-    floor counts as HBM reads, and pass a check of the first set alone. Collective. Returns
-    width -> what failed there (the same on every rank) and width -> the checked outputs (copies)."""
+def step_on(r, inputs: tuple, rank: int, weights, L: int, poison: bool = False):
+    """One step of ``r`` (a Runner or a baseline) on ``weights``: ``L`` launches, final=True on the
+    last. ``poison``: a Runner's outputs are NaN until it writes them (the checks; the timed steps
+    pay no fill)."""
+    parts, residual, slots = inputs
+    if poison:
+        r.poison_outputs = True
+    for layer in range(L):
+        out = r(parts[rank], residual, weights, slots, final=layer == L - 1)
+    if poison:
+        r.poison_outputs = False
+    return out
+
+
+def kernel_ok(fault, c: dict, c2: dict) -> bool:
+    """The kernel under test's standard (qualify's): no fault, no element of out or res_out beyond
+    tolerance, rel_err within MAX_REL_ERR."""
+    return not fault and c["wrong"] + c2["wrong"] == 0 and max(c["rel_err"], c2["rel_err"]) <= reference.MAX_REL_ERR
+
+
+def check_set(job, fused, inputs: dict, weights, full, L: int, rec: Records) -> tuple[dict, dict]:
+    """Every width (``inputs``: width -> its inputs) on one more weight set (the width's own check
+    covers the first), against the fp64 oracle of that set's layer ``full``, before anything is
+    timed: a replay that read other weights than it was given (a runner's stale packed copy) would
+    time L2-warm bytes that the floor counts as HBM reads, and pass a check of the first set alone.
+    Collective. Returns width -> what failed there (the same on every rank) and width -> the
+    checked outputs (copies)."""
     bad, outs = {}, {}
-    for i, s in enumerate(widths):
-        rec.progress(i, len(widths), f"check w={s}")
-        parts, residual, slots = job.inputs(s, CASE + s)
-        ref = reference.step(parts, residual, slots, full, job.model, job.experts)
+    for i, (s, inp) in enumerate(inputs.items()):
+        rec.progress(i, len(inputs), f"check w={s}")
+        ref = reference.step(*inp, full, job.model, job.experts)
         barrier()
-        fused.poison_outputs = True
-        for layer in range(L):
-            out, res_out = fused(parts[job.rank], residual, weights, slots, final=layer == L - 1)
-        fused.poison_outputs = False
+        out, res_out = step_on(fused, inp, job.rank, weights, L, poison=True)
         fault = fused.fault(s)
-        want = oracle(job, "fused", fused.chosen(s), (parts, residual, slots), ref, full)
+        want = oracle(job, "fused", fused.chosen(s), inp, ref, full)
         c, c2 = reference.compare(out, want.out), reference.compare(res_out, want.res_out)
-        ok = not fault and c["wrong"] + c2["wrong"] == 0 and max(c["rel_err"], c2["rel_err"]) <= reference.MAX_REL_ERR
+        ok = kernel_ok(fault, c, c2)
         if not all_ranks_ok(ok):
             bad[s] = str(fault or c["worst"] or c2["worst"]) if not ok else "another rank's check failed"
         outs[s] = (out.clone(), res_out.clone())
@@ -201,12 +218,13 @@ def run(job, opts: dict, rec: Records) -> None:
     fused = job.runner(widths)
     fused.warm(job.weights, job.compute_units())  # a grid that cannot be resident fails here, named
     layers = set_layers(job) if job.checkpoint and job.device.type == "cuda" else []  # the GPU's weight sets
+    inputs = {s: job.inputs(s, CASE + s) for s in widths}  # each width's, the same on every weight set
     sets, bad_sets, last_outs = [], {}, {}  # last_outs: the checked outputs of the last set, by width
     for k, (weights, full) in enumerate(weight_sets(job, layers)):
         sets.append(weights)
         if k:
             name = f"weight set {k}" + (f" (checkpoint layer {layers[k]})" if layers else "")
-            bad, last_outs = check_set(job, fused, widths, weights, full, L, rec)
+            bad, last_outs = check_set(job, fused, inputs, weights, full, L, rec)
             bad_sets |= {s: f"{name}: {why}" for s, why in bad.items() if s not in bad_sets}
         del full  # one whole layer besides the job's at a time
     sets_of = f" (checkpoint layers {', '.join(map(str, layers))})" if layers and len(sets) > 1 else ""
@@ -221,40 +239,30 @@ def run(job, opts: dict, rec: Records) -> None:
     floor = floor_terms(job)
     total, done = len(widths) * len(variants), 0
     for s in widths:
-        parts, residual, slots = job.inputs(s, CASE + s)
-        part = parts[job.rank]
-        ref = reference.step(parts, residual, slots, job.full, job.model, job.experts)
-        ref_none = reference.step(parts, residual, slots, job.full, job.model, Experts.NONE)
-        extra = floor_row(job, floor, (parts, residual, slots), sets) if floor else {}
+        inp = inputs[s]
+        ref = reference.step(*inp, job.full, job.model, job.experts)
+        ref_none = reference.step(*inp, job.full, job.model, Experts.NONE)
+        extra = floor_row(job, floor, inp, sets) if floor else {}
         for name, rs in variants:
             rec.progress(done, total, f"{name} w={s}")
             done += 1
 
-            def one(r, w):
-                for layer in range(L):
-                    out = r(part, residual, w, slots, final=layer == L - 1)
-                return out
-
-            def step(rs=rs):  # one step on every weight set in turn; samples are divided by it
+            def step(rs=rs, inp=inp):  # one step on every weight set in turn; samples are divided by it
                 for r, w in zip(rs, sets):
-                    out = one(r, w)
+                    out = step_on(r, inp, job.rank, w, L)
                 return out
 
             barrier()
             kernel = name in ("fused", "none")  # a Runner; the baselines make their own outputs
-            if kernel:
-                rs[0].poison_outputs = True  # the check only: the timed steps pay no fill
-            out, res_out = one(rs[0], sets[0])
-            if kernel:
-                rs[0].poison_outputs = False
+            out, res_out = step_on(rs[0], inp, job.rank, sets[0], L, poison=kernel)
             fault = rs[0].fault(s) if kernel else None
-            want = oracle(job, name, rs[0].chosen(s) if name != "none" else None, (parts, residual, slots),
+            want = oracle(job, name, rs[0].chosen(s) if name != "none" else None, inp,
                           ref_none if name == "none" else ref)
             c = reference.compare(out, want.out)
             c2 = reference.compare(res_out, want.res_out)
             rel = max(c["rel_err"], c2["rel_err"])
             if kernel:  # the kernel under test: the qualify standard
-                ok = not fault and c["wrong"] + c2["wrong"] == 0 and rel <= reference.MAX_REL_ERR
+                ok = kernel_ok(fault, c, c2)
             else:  # a baseline only has to compute the same step (stock parts round in bf16)
                 ok = rel <= REL_ERR_OF.get(name, BASELINE_REL_ERR) and c2["wrong"] == 0
             if name == "fused" and s in bad_sets:  # another of the sets it is timed on was read wrong
