@@ -200,7 +200,7 @@ def validate(opts: JobOptions, verb: str | None = None) -> JobOptions:
     if "vllm" in opts.baselines:
         if opts.backend not in GPU_BACKENDS:
             raise UsageError("--baselines vllm: needs a GPU backend (vLLM's fused_moe is a Triton GPU kernel)")
-        from ffnq.vllm_moe import kernel_path
+        from ffnq.baselines.vllm import kernel_path
 
         kernel_path()  # a one-line error before any rank starts when the fetched copy is missing
     for b in ("stock", "stock-symm"):

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from ffnq import reference
-from ffnq.baseline import Unfused
+from ffnq.baselines.unfused import Unfused
 from ffnq.dist import barrier
 from ffnq.gpu_clocks import ClockWatch
 from ffnq.jobs.rank import from_options
@@ -138,8 +138,8 @@ def baselines(job, names: list[str], sets: list) -> list[tuple[str, list]]:
     user writes (NCCL all-reduce, rms_norm, fp32 router, torch._grouped_mm over bf16 experts,
     NCCL all-reduce) and, at tp > 1, (c) ``stock``: the same with torch.ops.symm_mem's one-shot
     all-reduce in place of NCCL. Asked for by name only: (d) ``vllm``, (b) with vLLM's Triton
-    fused_moe kernel for the experts (FP8 weights as stored; ffnq.vllm_moe)."""
-    from ffnq.stock import Stock
+    fused_moe kernel for the experts (FP8 weights as stored; ffnq.baselines.vllm)."""
+    from ffnq.baselines.stock import Stock
 
     cuda = job.device.type == "cuda"
     if not names or names == ["auto"]:
@@ -154,7 +154,7 @@ def baselines(job, names: list[str], sets: list) -> list[tuple[str, list]]:
             ar = "symm" if n in ("stock", "stock-symm") else "nccl"
             out.append((n, [Stock(w, job.model, job.tp, job.experts, job.device, allreduce=ar) for w in sets]))
         elif n == "vllm":  # (d): (b) with vLLM's fused_moe kernel for the experts (a fetched copy)
-            from ffnq.vllm_moe import VllmMoe, load_kernel
+            from ffnq.baselines.vllm import VllmMoe, load_kernel
 
             kernel = load_kernel()
             out.append((n, [VllmMoe(w, job.model, job.tp, job.experts, job.device, kernel=kernel) for w in sets]))

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ffnq.errors import UsageError
-from ffnq.stock import Stock
+from ffnq.baselines.stock import Stock
 from ffnq.weights import FP8
 
 ENV, ENV_CONFIG = "FFNQ_VLLM_MOE", "FFNQ_VLLM_MOE_CONFIG"

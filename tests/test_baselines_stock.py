@@ -3,7 +3,7 @@ import torch
 
 from ffnq import reference
 from ffnq.spec import Experts, load_model
-from ffnq.stock import Stock
+from ffnq.baselines.stock import Stock
 from ffnq.weights import shard, synthetic
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ffnq import reference
 from ffnq.errors import UsageError
 from ffnq.spec import Experts, load_model
-from ffnq.vllm_moe import VllmMoe, align, kernel_path, quant_groups
+from ffnq.baselines.vllm import VllmMoe, align, kernel_path, quant_groups
 from ffnq.weights import shard, synthetic
 
 

@@ -3,7 +3,7 @@ compositions share."""
 import torch
 
 from ffnq import reference
-from ffnq.baseline import Unfused, route
+from ffnq.baselines.unfused import Unfused, route
 from ffnq.spec import Experts, load_model
 from ffnq.weights import shard, synthetic
 

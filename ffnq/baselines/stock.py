@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ffnq import reference
-from ffnq.baseline import route
+from ffnq.baselines.unfused import route
 from ffnq.spec import Experts, ModelSpec
 from ffnq.weights import RankWeights, dequant
 
