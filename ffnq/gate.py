@@ -44,7 +44,7 @@ from ffnq.spec import is_int, is_number
 VERBS = ("warm", "qualify", "bench")
 SECTIONS = {"name", "device", "options", "job", "thresholds", "compare"}
 OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout", "seed", "inject_rank", "layers",
-               "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint",
+               "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint", "routing",
                "checkpoint", "checkpoint_layer"}
 THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
               "speedup_stock_nccl_min", "speedup_stock_symm_min",
@@ -56,7 +56,7 @@ SWITCHES = {"resident": "warm", "qualify_all_pass": "qualify", "no_new_fail": No
 OPTION_TYPES = {
     **dict.fromkeys(("tp", "seed", "layers", "nnodes", "checkpoint_layer"), ("an integer", is_int)),
     **dict.fromkeys(("timeout", "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "deadline"), ("a finite number", is_number)),
-    **dict.fromkeys(("backend", "runner", "model", "experts", "baselines", "rdzv_endpoint", "checkpoint"),
+    **dict.fromkeys(("backend", "runner", "model", "experts", "baselines", "rdzv_endpoint", "checkpoint", "routing"),
                     ("a string", lambda v: isinstance(v, str))),
     "widths": ("a string such as '1-4,16' or an integer", lambda v: isinstance(v, str) or is_int(v)),
     "inject_rank": ("a rank, 'all', or a list of them",
@@ -142,7 +142,7 @@ def check_device(cfg: dict, jobs: list) -> None:
     """A config that names its device runs only where every GPU its jobs use is one: its p50
     budgets and [compare] bases hold for one GPU model (an H200's budgets fail every width of an
     H100 after minutes of jobs, for a reason no check names)."""
-    from ffnq.launch import GPU_BACKENDS
+    from ffnq.options import GPU_BACKENDS
 
     want = cfg["device"]
     if want is None:
@@ -274,33 +274,22 @@ def relative_checks(verb: str, base_path: str, new_path: str, th: dict) -> list[
 
 def _widths(o: dict) -> list[int]:
     """A gate job's widths (its model's every width by default)."""
-    from ffnq.launch import parse_widths
+    from ffnq.options import parse_widths
     from ffnq.spec import load_model
 
     return parse_widths(str(o.get("widths", "all")), load_model(o.get("model", "tiny")).max_tokens)
 
 
-def job_options(opts: dict, verb: str | None = None):
-    """A gate job's options -> validated JobOptions (the same checks as the verb ``verb``'s)."""
-    from ffnq.cli import BENCH_SEED, parse_baselines
-    from ffnq.launch import JobOptions, fresh_seed, parse_inject, resolve_backend, validate
+def job_options(opts: dict, verb: str):
+    """A gate job's options -> the verb's validated options (the same checks as the verb's flags)."""
+    from ffnq.verbs import job_options as for_verb
 
     o = dict(opts)
-    tp = int(o.get("tp", 2))
-    inject = o.get("inject_rank", [])
-    kw = dict(backend=o.get("runner") or resolve_backend(o.get("backend", "auto")), model=o.get("model", "tiny"),
-              tp=tp, experts=o.get("experts", "all"), widths=_widths(o),
-              timeout_s=float(o.get("timeout", 1.0)),
-              seed=int(o["seed"]) if "seed" in o else BENCH_SEED if verb == "bench" else fresh_seed(),
-              nnodes=int(o.get("nnodes", 1)),
-              rdzv_endpoint=o.get("rdzv_endpoint"), deadline_s=o.get("deadline"),
-              inject_ranks=parse_inject(inject if isinstance(inject, list) else [inject], tp),
-              layers=int(o.get("layers", 1)), checkpoint=o.get("checkpoint"),
-              checkpoint_layer=o.get("checkpoint_layer"), **parse_baselines(o.get("baselines", "auto")))
-    for k in ("rep_ms", "warmup_ms", "burst_ms", "idle_ms"):
-        if k in o:
-            kw[k] = float(o[k])
-    return validate(JobOptions(**kw), verb)
+    kw = {k: o[k] for k in ("backend", "runner", "model", "experts", "rdzv_endpoint", "checkpoint",
+                            "checkpoint_layer", "inject_rank", "baselines", "routing") if k in o}
+    kw |= {k: int(o[k]) for k in ("tp", "seed", "nnodes", "layers") if k in o}
+    kw |= {k: float(o[k]) for k in ("timeout", "deadline", "rep_ms", "warmup_ms", "burst_ms", "idle_ms") if k in o}
+    return for_verb(verb, widths=str(o.get("widths", "all")), **kw)
 
 
 def checks(verb: str, table: pd.DataFrame, th: dict, report: str) -> list[dict]:
@@ -374,8 +363,8 @@ def junit(name: str, rows: pd.DataFrame, wall_s: float) -> str:
 def run_gate(config: str, out: Path, json_out: bool) -> int:
     import time
 
-    from ffnq.cli import _err, _footer, _meta, _saved, run_bench, run_qualify, run_warm
-    from ffnq.report import show_table, write_report
+    from ffnq.report import error_line, footer, saved, show_table, write_report
+    from ffnq.verbs import meta, run_bench, run_qualify, run_warm
 
     cfg = load_gate(config)
     jobs = [(verb, job_options(o, verb)) for verb, o in cfg["jobs"]]  # every job validated before any runs
@@ -400,14 +389,14 @@ def run_gate(config: str, out: Path, json_out: bool) -> int:
     show_table(df, json_out=json_out, title=f"gate {cfg['name']} ({cfg['path']})",
                columns=["check", "job", "result", "value", "threshold"])
     first = jobs[0][1]
-    meta = _meta({"gate": cfg["name"], "config": cfg["path"], "thresholds": cfg["thresholds"],
+    info = meta({"gate": cfg["name"], "config": cfg["path"], "thresholds": cfg["thresholds"],
                   "jobs": [[v, o.to_json()] for v, o in jobs]})
-    path = write_report(out, "gate", first.backend, first.tp, df, meta=meta, verdict=verdict,
+    path = write_report(out, "gate", first.backend, first.tp, df, meta=info, verdict=verdict,
                         extra_files={"junit.xml": junit(cfg["name"], df, time.monotonic() - t0)})
-    _footer(verdict, json_out)
-    _saved(path, json_out)
+    footer(verdict, json_out)
+    saved(path, json_out)
     if idle:
-        _err(f"gate config {cfg['path']}: every check was skipped ({'; '.join(sorted(set(df.value)))}); "
+        error_line(f"gate config {cfg['path']}: every check was skipped ({'; '.join(sorted(set(df.value)))}); "
              "nothing judged")
         return 2
     return 1 if fails else 0

@@ -90,6 +90,11 @@ class Runner:
         return torch.device("cpu")
 
     @classmethod
+    def check_build(cls) -> None:
+        """Before any rank starts: refuse (ValueError, one line) a build setting that every rank
+        would refuse, e.g. a malformed override in the environment."""
+
+    @classmethod
     def for_device(cls, device: torch.device) -> type[Runner]:
         """This runner as it runs on ``device`` (a backend whose grid follows the device's
         compute units returns a subclass with that grid); the job asks before anything is built."""

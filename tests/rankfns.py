@@ -181,10 +181,10 @@ def bench_timers(rank, world, result_dir):
             return super().__call__(steps, **k)
 
     bench.StepTimer = Recorded
-    from ffnq.launch import JobOptions
+    from ffnq.jobs.bench import BenchOptions
 
     # the job's options as the launcher writes them (every field, its defaults), with a short bench
-    opts = JobOptions(tp=world, timeout_s=10.0, widths=[1, 2], rep_ms=5.0, warmup_ms=1.0, burst_ms=0.0, idle_ms=0.0,
+    opts = BenchOptions(tp=world, timeout_s=10.0, widths=[1, 2], rep_ms=5.0, warmup_ms=1.0, burst_ms=0.0, idle_ms=0.0,
                       min_steps=3, max_steps=20).to_json()
     rec = Records(result_dir, rank)
     bench.body(opts, rec)

@@ -156,7 +156,7 @@ def test_qualify_tp2_with_injection_end_to_end(tmp_path):
 
 
 def test_a_run_without_a_seed_draws_a_fresh_one():
-    from ffnq.launch import fresh_seed
+    from ffnq.options import fresh_seed
 
     seeds = {fresh_seed() for _ in range(8)}
     assert len(seeds) > 1 and all(0 <= x < 2 ** 31 for x in seeds)
@@ -164,7 +164,7 @@ def test_a_run_without_a_seed_draws_a_fresh_one():
 
 def test_report_command_names_a_triton_tune_override(monkeypatch):
     """A development override changes the compiled kernel, so the report's command shows it."""
-    from ffnq.cli import _meta
+    from ffnq.verbs import meta as _meta
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     monkeypatch.setattr("sys.argv", ["ffnq", "bench", "--backend", "triton"])
     assert _meta({})["command"] == "ffnq bench --backend triton"

@@ -44,7 +44,7 @@ def test_shipped_gates_load(name):
 
 def test_cpu_gate_options_validate():
     cfg = load_gate(GATES / "cpu-tp2.toml")
-    opts = [job_options(o) for _, o in cfg["jobs"]]
+    opts = [job_options(o, v) for v, o in cfg["jobs"]]
     assert opts[1].inject_ranks == [0, 1] and opts[1].widths == list(range(1, 17)) and opts[2].rep_ms == 500
 
 
@@ -125,7 +125,7 @@ def test_gate_bench_windows_checked_as_the_cli_checks_them(tmp_path, line, match
     f = tmp_path / "g.toml"
     f.write_text(BENCH + line + "\n" + P50)
     with pytest.raises(UsageError, match=re.escape(match)):
-        [job_options(o) for _, o in load_gate(f)["jobs"]]
+        [job_options(o, v) for v, o in load_gate(f)["jobs"]]
 
 
 @pytest.mark.parametrize("doc, match", [

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ffnq.cli import capped_note
+from ffnq.verbs import capped_note
 from ffnq.gpu_clocks import CAP_REASONS, ClockWatch, idle, nvml_handle
 from ffnq.timing import time_steps
 

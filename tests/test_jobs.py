@@ -97,11 +97,11 @@ def test_bench_summary_keeps_the_slowest_clock_and_any_cap():
 
 
 def test_bench_deadline_counts_the_idle_before_each_burst():
-    from ffnq.launch import JobOptions, deadline_for
+    from ffnq.jobs.bench import BenchOptions
 
-    one = JobOptions(widths=[1], baseline=False, rep_ms=1000, burst_ms=0)
-    four = JobOptions(widths=[1], baseline=False, rep_ms=1000, burst_ms=250, idle_ms=500)
-    assert deadline_for("bench", four) - deadline_for("bench", one) == pytest.approx(4 * 0.5 * 3)
+    one = BenchOptions(widths=[1], baseline=False, rep_ms=1000, burst_ms=0)
+    four = BenchOptions(widths=[1], baseline=False, rep_ms=1000, burst_ms=250, idle_ms=500)
+    assert four.deadline() - one.deadline() == pytest.approx(4 * 0.5 * 3)
 
 
 def test_bench_floor_is_the_mean_over_the_weight_sets():

@@ -13,21 +13,93 @@ recorded per window. A step is ``layers`` launches, ``final=True`` on the last. 
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 import pandas as pd
 import torch
 
+from dataclasses import dataclass, field
+
 from ffnq import reference
 from ffnq.baselines.unfused import Unfused
 from ffnq.dist import barrier
+from ffnq.errors import UsageError
 from ffnq.gpu_clocks import ClockWatch
 from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, main, max_over_ranks
+from ffnq.options import JobOptions
 from ffnq.spec import Experts
 from ffnq.timing import StepTimer, quantiles_us, steps_for
 
 CASE = 50_000  # input case ids of bench (qualify uses small ones)
+# a bench's seed when none is given (`ffnq bench`, a gate's bench job): one workload, so two runs
+# (compare, a gate's base) read the same experts; the checks (qualify, soak) draw a fresh one
+BENCH_SEED = 0
+BASELINES = ("unfused", "stock", "stock-nccl", "stock-symm", "vllm")
+ROTATE_SETS_GPU = 4  # weight sets one timed graph walks through: 4 x 57 MB at s=1, TP2 >> a 60 MB L2
+MAX_WINDOW_MS = 10_000  # a bench burst or idle longer than this is a typo, not a method
+MAX_LAYERS, MAX_REP_MS, MAX_WARMUP_MS = 256, 600_000.0, 60_000.0  # ten minutes per variant
+
+
+@dataclass
+class BenchOptions(JobOptions):
+    layers: int = 1
+    rep_ms: float = 1000.0  # timed budget per width and variant (ms), converted to a step count
+    warmup_ms: float = 200.0
+    burst_ms: float = 250.0  # on a GPU the timed steps run in bursts this long (0: one window)...
+    idle_ms: float = 250.0  # ...each after this long idle: no window reaches the power cap
+    min_steps: int = 10
+    max_steps: int = 1000
+    baseline: bool = True  # False: time the fused step alone
+    phase_split: bool = False  # also time the kernel with Experts NONE (seam + router + reduce)
+    baselines: list[str] = field(default_factory=list)  # empty: auto (see baselines())
+    routing: str = "uniform"  # the synthetic router (weights.ROUTING); a checkpoint routes as it does
+    seed: int = BENCH_SEED
+
+    job = "bench"
+
+    def check(self) -> None:
+        from ffnq.weights import ROUTING
+
+        if self.routing not in ROUTING:
+            raise UsageError(f"--routing {self.routing!r}: allowed {', '.join(ROUTING)}")
+        if self.checkpoint and self.routing != "uniform":
+            raise UsageError(f"--routing {self.routing}: the synthetic router's; --checkpoint routes as its "
+                             "router does")
+        if not (0 < self.rep_ms <= MAX_REP_MS and 0 <= self.warmup_ms <= MAX_WARMUP_MS):
+            raise UsageError(f"--rep-ms {self.rep_ms:g} / --warmup-ms {self.warmup_ms:g}: allowed 0 < rep <= "
+                             f"{MAX_REP_MS:g} and 0 <= warmup <= {MAX_WARMUP_MS:g} (ms)")
+        if not 0 <= self.burst_ms <= MAX_WINDOW_MS or not 0 <= self.idle_ms <= MAX_WINDOW_MS:
+            raise UsageError(f"--burst-ms {self.burst_ms:g} / --idle-ms {self.idle_ms:g}: allowed 0..{MAX_WINDOW_MS} "
+                             "ms each (--burst-ms 0: one timed window)")
+        bad = [b for b in self.baselines if b not in BASELINES]
+        if bad:
+            raise UsageError(f"--baselines {bad[0]!r}: allowed auto, none, or a list of {', '.join(BASELINES)}")
+        if "vllm" in self.baselines:
+            if not self.gpu:
+                raise UsageError("--baselines vllm: needs a GPU backend (vLLM's fused_moe is a Triton GPU kernel)")
+            from ffnq.baselines.vllm import kernel_path
+
+            kernel_path()  # a one-line error before any rank starts when the fetched copy is missing
+        for b in ("stock", "stock-symm"):
+            if b in self.baselines and (self.tp < 2 or not self.gpu):
+                raise UsageError(f"--baselines {b}: needs a GPU backend and --tp >= 2 (symmetric memory)")
+        if any(b.startswith("stock") or b == "vllm" for b in self.baselines) and self.experts == "none":
+            raise UsageError("--baselines stock*/vllm: the composition needs --experts all or local")
+        if not 1 <= self.layers <= MAX_LAYERS:
+            raise UsageError(f"--layers {self.layers}: allowed 1..{MAX_LAYERS}")
+
+    def work_s(self) -> float:
+        variants = 1 + (max(len(self.baselines), 3) if self.baseline else 0)
+        bursts = math.ceil(self.rep_ms / self.burst_ms) if self.burst_ms else 0
+        per = (self.rep_ms + self.warmup_ms + bursts * self.idle_ms) / 1e3 * variants + 3.0 * self.layers
+        if self.gpu:  # each further weight set's check (an oracle step and the launches)
+            per += (ROTATE_SETS_GPU - 1) * (1.0 + 0.1 * self.layers)
+        return len(self.widths) * per * 3
+
+    def weight_sets(self) -> int:
+        return ROTATE_SETS_GPU if self.gpu else 1
 
 
 def body(opts: dict, rec: Records) -> None:
@@ -42,9 +114,6 @@ def body(opts: dict, rec: Records) -> None:
 BASELINE_REL_ERR = 3e-2  # stock parts run bf16 experts: ~1e-2 of rounding at worst
 # vLLM's block-FP8 kernel quantizes the activations to e4m3 too (W8A8): ~3% against fp64
 REL_ERR_OF = {"vllm": 8e-2}
-
-
-ROTATE_SETS_GPU = 4  # weight sets one timed graph walks through: 4 x 57 MB at s=1, TP2 >> a 60 MB L2
 
 
 def weight_sets(job, layers: list[int]):
@@ -62,7 +131,7 @@ def weight_sets(job, layers: list[int]):
         if job.checkpoint:
             full = load_layer(job.checkpoint, layers[k], job.model, job.device)
         else:
-            full = synthetic(job.model, job.seed + 1000 * k, job.device)
+            full = synthetic(job.model, job.seed + 1000 * k, job.device, job.routing)
         yield shard(full, job.model, job.tp, job.rank, job.experts), full
         del full
 

@@ -25,18 +25,53 @@ One row per case per rank (table ``cases``); ``summarize`` merges them into one 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 
 from ffnq import reference
 from ffnq.dist import barrier
-from ffnq.errors import RankFault
+from ffnq.errors import RankFault, UsageError
 from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, clock_offsets, main
-from ffnq.launch import over_delay_ns, under_delay_ns
+from ffnq.options import JobOptions
 from ffnq.spec import stamp_names
 from ffnq.weights import shard, synthetic
+
+MAX_INJECT_NS = 2**31 - 1  # inject ticks are int32
+
+
+def under_delay_ns(timeout_s: float) -> int:
+    """inject-under's delay: well inside the timeout, long enough to show as a wait."""
+    return int(0.3 * timeout_s * 1e9)
+
+
+def over_delay_ns(timeout_s: float) -> int:
+    """inject-over's and stale-epoch's delay: past the timeout by half of it at least."""
+    return min(int(2.5 * timeout_s * 1e9), MAX_INJECT_NS)
+
+
+@dataclass
+class QualifyOptions(JobOptions):
+    inject_ranks: list[int] = field(default_factory=list)
+
+    job = "qualify"
+
+    def check(self) -> None:
+        bad = [r for r in self.inject_ranks if not 0 <= r < self.tp]
+        if bad:
+            raise UsageError(f"--inject-rank {bad[0]}: allowed 0..{self.tp - 1} or all (tp={self.tp})")
+        # the stale-epoch cases delay the last rank past the timeout at every tp > 1
+        if (self.inject_ranks or self.tp > 1) and over_delay_ns(self.timeout_s) <= 1.5 * self.timeout_s * 1e9:
+            raise UsageError(f"--timeout {self.timeout_s:g}: qualify's cases over the timeout need a delay above "
+                             f"1.5 x timeout in int32 ns (< {MAX_INJECT_NS / 1e9:.2f} s); use --timeout <= 1.4")
+
+    def work_s(self) -> float:
+        t = self.timeout_s
+        injected = len(self.inject_ranks) + (1 if self.tp > 1 else 0)
+        return 2 * len(self.widths) * 3.0 + 40 + injected * (3 * t + 2 * over_delay_ns(t) / 1e9 + 10)
+
 
 POISON_ROUTE = -7
 ROUTE_W_ATOL = 1e-4  # routing weights (each ~1/k, summing to 1) against the oracle's
@@ -165,7 +200,7 @@ class Qualify:
 
     def other_weights(self) -> dict:
         job = self.job
-        full = synthetic(job.model, job.seed + OTHER_WEIGHTS_SEED, job.device)
+        full = synthetic(job.model, job.seed + OTHER_WEIGHTS_SEED, job.device, job.routing)
         other = (shard(full, job.model, job.tp, job.rank, job.experts), full)
         evs = [self.verdict(self.step(self.main, self.wt, 1, final=False, weights=other)),
                self.verdict(self.step(self.main, self.wt, 0, final=True))]

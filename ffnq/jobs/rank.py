@@ -34,6 +34,7 @@ class RankJob:
     runners: list[Runner] = field(default_factory=list)
     checkpoint: str | None = None  # where full came from (None: synthetic from seed)
     layer: int | None = None
+    routing: str = "uniform"  # the synthetic router's (weights.ROUTING)
 
     def runner(self, widths=None, timeline: bool = False, epoch: torch.Tensor | None = None,
                experts: Experts | None = None, **build) -> Runner:
@@ -76,12 +77,13 @@ def step_inputs(model: ModelSpec, tp: int, seed: int, s: int, case: int, step: i
 def from_options(opts: dict) -> RankJob:
     """setup() from a job's JobOptions (as each rank reads them back)."""
     return setup(opts["backend"], opts["model"], opts["experts"], opts["timeout_s"], opts["seed"],
-                 checkpoint=opts.get("checkpoint"), layer=opts.get("checkpoint_layer"))
+                 checkpoint=opts.get("checkpoint"), layer=opts.get("checkpoint_layer"),
+                 routing=opts.get("routing", "uniform"))
 
 
 def setup(backend: str, model: str | ModelSpec, experts: str | Experts = "all", timeout: float = 1.0,
           seed: int = 0, dist_timeout_s: float = 120.0, checkpoint: str | None = None,
-          layer: int | None = None) -> RankJob:
+          layer: int | None = None, routing: str = "uniform") -> RankJob:
     """Collective: every rank of the job calls it with the same arguments. The weights: synthetic
     from ``seed``, or ``layer`` of ``checkpoint`` (vetted by launch.validate)."""
     runner_cls = load_runner(backend)
@@ -98,8 +100,8 @@ def setup(backend: str, model: str | ModelSpec, experts: str | Experts = "all", 
                          + "): run one TP group on GPUs of one kind")
     spec.check(tp, experts)
     seed = all_ranks(seed)[0]  # rank 0's: nodes launched apart may each have drawn their own
-    full = load_layer(checkpoint, layer, spec, device) if checkpoint else synthetic(spec, seed, device)
+    full = load_layer(checkpoint, layer, spec, device) if checkpoint else synthetic(spec, seed, device, routing)
     weights = shard(full, spec, tp, rank, experts)
     peers = runner_cls.open_peers(spec, tp, rank, device, shared_tag())
     return RankJob(rank, tp, spec, runner_cls, experts, timeout, seed, device, peers, full, weights,
-                   checkpoint=checkpoint, layer=layer)
+                   checkpoint=checkpoint, layer=layer, routing=routing)

@@ -19,14 +19,55 @@ import random
 import signal
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ffnq import reference
-from ffnq.errors import RankFault
+from ffnq.errors import RankFault, UsageError
 from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, main
+from ffnq.options import JobOptions
+
+MAX_RUNNERS, MAX_STEPS = 16, 100_000_000
+
+
+@dataclass
+class SoakOptions(JobOptions):
+    steps: int = 1000
+    random_padding: bool = True
+    runners: int = 2
+    check_every: int | None = None  # None: every step on cpu, 1 in 100 on a GPU
+    kill_rank: int | None = None
+    hang_rank: int | None = None
+    at_step: int | None = None
+
+    job = "soak"
+
+    def check(self) -> None:
+        if self.check_every is not None and self.check_every < 1:
+            raise UsageError(f"--check-every {self.check_every}: must be >= 1")
+        for name in ("kill_rank", "hang_rank"):
+            r = getattr(self, name)
+            if r is not None and not 0 <= r < self.tp:
+                raise UsageError(f"--{name.replace('_', '-')} {r}: allowed 0..{self.tp - 1} (tp={self.tp})")
+        if (self.kill_rank is not None or self.hang_rank is not None) and self.at_step is None:
+            raise UsageError("--kill-rank/--hang-rank need --at-step K")
+        if self.kill_rank is not None and self.hang_rank is not None:
+            raise UsageError(f"--kill-rank {self.kill_rank} and --hang-rank {self.hang_rank}: allowed one fault "
+                             "per soak")
+        if self.at_step is not None and self.kill_rank is None and self.hang_rank is None:
+            raise UsageError(f"--at-step {self.at_step}: needs --kill-rank or --hang-rank (the fault it places)")
+        if self.at_step is not None and not 0 <= self.at_step < self.steps:
+            raise UsageError(f"--at-step {self.at_step}: allowed 0..{self.steps - 1} (--steps {self.steps})")
+        if not (1 <= self.steps <= MAX_STEPS and 1 <= self.runners <= MAX_RUNNERS):
+            raise UsageError(f"--steps {self.steps} / --runners {self.runners}: allowed 1..{MAX_STEPS} / "
+                             f"1..{MAX_RUNNERS}")
+
+    def work_s(self) -> float:  # a last resort: the kernel's bounded waits end a faulted soak first
+        return 60 + self.steps * 0.1 + 5 * self.timeout_s
+
 
 SOAK_CASE = 7_000_001  # input stream of the soak, apart from qualify's cases
 CHECKPOINT_STEPS = 1000

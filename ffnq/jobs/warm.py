@@ -8,6 +8,7 @@ a GPU backend's offline residency for a target (no GPU needed) in this process.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -15,9 +16,15 @@ from ffnq.dist import barrier
 from ffnq.errors import UsageError
 from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, main
+from ffnq.options import JobOptions, parse_widths
 
 KNOWN = ("kernel", "compile_s", "grid", "ctas_per_cu", "cus", "resident")
 TARGETS = ("sm_90", "gfx942", "gfx950")
+
+
+@dataclass
+class WarmOptions(JobOptions):
+    job = "warm"
 
 
 def body(opts: dict, rec: Records) -> None:
@@ -63,7 +70,6 @@ def offline(backend: str, runner: str | None, model: str, tp: int, experts: str,
     """The offline residency table of a GPU backend for ``target``; (DataFrame, backend)."""
     import importlib
 
-    from ffnq.launch import parse_widths
     from ffnq.spec import Experts, load_model
 
     if target not in TARGETS:
