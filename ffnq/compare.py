@@ -58,7 +58,7 @@ def load(path: str | Path) -> dict:
                          f"compare needs {', '.join(NEEDS[job])}")
     if job == "bench" and "p50_us" not in t:
         t["p50_us"] = float("nan")
-    for c in [c for c in t.columns if c == "width" or c.endswith("_us") or c in ("steps", "sm_mhz")]:
+    for c in [c for c in t.columns if c == "width" or c.endswith(("_us", "steps")) or c == "sm_mhz"]:
         num = pd.to_numeric(t[c], errors="coerce")  # a null (an untimed width) is NaN, not a string
         if (num.isna() & t[c].notna()).any():
             raise UsageError(f"report {folder}: column {c} of the results table holds "
@@ -71,12 +71,16 @@ def load(path: str | Path) -> dict:
     return doc
 
 
-def _se(row, q: str) -> float:
-    n = row.get("steps")
-    spread = row.get("p90_us", float("nan")) - row.get("p50_us", float("nan"))
+def _se(row, metric: str) -> float:
+    """The standard error of one run's ``metric`` (us) from its own samples: the fused step's
+    p50/p99 from its p90 and steps, a baseline's ``<name>_p50_us`` from its ``<name>_p90_us`` and
+    ``<name>_steps`` (NaN where the report has no spread: the RUN_TO_RUN_PCT floor alone)."""
+    pre = "" if metric in ("p50_us", "p99_us") else metric[: -len("p50_us")]
+    n = row.get(f"{pre}steps")
+    spread = row.get(f"{pre}p90_us", float("nan")) - row.get(f"{pre}p50_us", float("nan"))
     if not n or n != n or spread != spread:
         return float("nan")
-    return 0.98 * max(spread, 0.0) / math.sqrt(n) * (3.0 if q == "p99_us" else 1.0)
+    return 0.98 * max(spread, 0.0) / math.sqrt(n) * (3.0 if metric == "p99_us" else 1.0)
 
 
 def latency_rows(base: pd.DataFrame, new: pd.DataFrame) -> list[dict]:
@@ -94,8 +98,7 @@ def latency_rows(base: pd.DataFrame, new: pd.DataFrame) -> list[dict]:
             vb, vn = rb.get(m), rn.get(m)
             if vb is None or vn is None or vb != vb or vn != vn:
                 continue
-            q = m if m in ("p50_us", "p99_us") else "p50_us"
-            se = math.sqrt(_se(rb, q) ** 2 + _se(rn, q) ** 2) if m in ("p50_us", "p99_us") else float("nan")
+            se = math.sqrt(_se(rb, m) ** 2 + _se(rn, m) ** 2)
             band = max(BAND_SIGMAS * se if se == se else 0.0, RUN_TO_RUN_PCT / 100 * vb)
             delta = vn - vb
             verdict = "slower" if delta > band else "faster" if delta < -band else "same"

@@ -123,7 +123,8 @@ def bench_view(lat: pd.DataFrame, json_out: bool) -> tuple[list[str] | None, str
     how = None
     if "timing" in lat and lat.timing.notna().any():
         how = f"timing: {lat.timing.dropna().iloc[0]} (each width's in the report)"
-    return [c for c in lat.columns if c not in rest], how
+    # a baseline's spread and step count serve compare's noise band, not the reader
+    return [c for c in lat.columns if c not in rest and not c.endswith(("_p90_us", "_steps"))], how
 
 
 def capped_note(lat: pd.DataFrame) -> list[str]:

@@ -242,10 +242,10 @@ def test_bench_phase_split_places_the_experts(tmp_path):
 
 
 def test_compare_names_the_gpu_models_of_two_committed_runs(tmp_path):
-    """TP1's v44 builds through the CLI on an H200 (device round 89) and on an H100 (round 93):
-    every width is slower on the H100, and compare says whose the delta is."""
-    reports = TESTS.parent / "reports"
-    h200, h100 = reports / "20261204T202136368-bench-triton-tp1", reports / "20261205T102917074-bench-triton-tp1"
+    """The TP1 gates' reference runs, one on an H200 and one on an H100: every width is slower on
+    the H100, and compare says whose the delta is."""
+    refs = TESTS.parent / "configs" / "gates" / "ref"
+    h200, h100 = refs / "h200-tp1-bench", refs / "h100-tp1-bench"
     p = ffnq("compare", str(h200), str(h100), "--out", str(tmp_path / "cmp"), tmp=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "the runs ran on other GPU models (NVIDIA H200 -> NVIDIA H100 80GB HBM3)" in " ".join(p.stdout.split())
@@ -257,10 +257,14 @@ def test_compare_names_the_gpu_models_of_two_committed_runs(tmp_path):
 
 
 def test_compare_names_the_weights_each_run_read(tmp_path):
-    """Device round 106 (an H100): one bench on a synthetic checkpoint's layers, one on synthetic
-    weights, side by side; compare names both sources, and a run against itself has nothing changed."""
-    reports = TESTS.parent / "reports"
-    synth, ckpt = reports / "20261205T231210090-bench-triton-tp1", reports / "20261205T231151314-bench-triton-tp1"
+    """One bench on a checkpoint's layer, one on synthetic weights: compare names both sources,
+    and a run against itself has nothing changed."""
+    doc = json.loads((TESTS.parent / "configs" / "gates" / "ref" / "h100-tp1-bench" / "results.json").read_text())
+    synth, ckpt = tmp_path / "synthetic-bench", tmp_path / "ckpt-bench"
+    for folder, source in ((synth, None), (ckpt, "/data/ffnq-ckpt-m2")):
+        folder.mkdir()
+        doc["config"] |= {"checkpoint": source, "checkpoint_layer": 5 if source else None}
+        (folder / "results.json").write_text(json.dumps(doc))
     p = ffnq("compare", str(synth), str(ckpt), "--out", str(tmp_path / "cmp"), tmp=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "the runs read other weights (synthetic -> checkpoint ffnq-ckpt-m2 layer 5)" in " ".join(p.stdout.split())
@@ -271,3 +275,18 @@ def test_compare_names_the_weights_each_run_read(tmp_path):
     same = compare(load(ckpt), load(ckpt))
     assert same[same.kind == "weights"].verdict.tolist() == ["same"]
     assert compare(load(synth), load(synth)).query("kind == 'weights'").empty  # synthetic: the workload rows tell
+
+
+def test_a_baseline_s_delta_is_judged_against_its_own_noise():
+    """Two cpu runs of one build: the unfused loop's p50 moved 30% with a spread (p90 - p50) of
+    40% over 20 steps, which is noise, not a speedup; the same move over a tight spread is one."""
+    from ffnq.compare import latency_rows
+
+    base = pd.DataFrame([{"width": 4, "p50_us": 100.0, "p90_us": 101.0, "steps": 500,
+                          "unfused_p50_us": 1000.0, "unfused_p90_us": 1400.0, "unfused_steps": 20}])
+    noisy = base.assign(unfused_p50_us=700.0)
+    row = [r for r in latency_rows(base, noisy) if r["metric"] == "unfused_p50_us"][0]
+    assert row["verdict"] == "same" and row["band_pct"] > 30
+    tight = base.assign(unfused_p90_us=1001.0, unfused_steps=500)
+    row = [r for r in latency_rows(tight, tight.assign(unfused_p50_us=700.0)) if r["metric"] == "unfused_p50_us"][0]
+    assert row["verdict"] == "faster"

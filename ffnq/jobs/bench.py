@@ -397,6 +397,8 @@ def summarize(lat: pd.DataFrame) -> pd.DataFrame:
                 continue
             key = v.replace("-", "_")
             row[f"{key}_p50_us"] = b.p50_us.max()
+            # its own spread, so that compare judges a baseline's delta against its noise too
+            row[f"{key}_p90_us"], row[f"{key}_steps"] = b.p90_us.max(), int(b.steps.min())
             if v == "none":  # the phase split: the same kernel without expert work
                 if "p50_us" in row:
                     row["experts_us"] = row["p50_us"] - row["none_p50_us"]
