@@ -1,5 +1,5 @@
 """The Triton runner on a GPU (skipped without CUDA). Multi-GPU qualification runs through the
-jobs (and scripts/device_round.sh); these are the single-process checks."""
+jobs; these are the single-process checks."""
 import pytest
 import torch
 
@@ -86,7 +86,7 @@ def test_graph_replay_moves_the_epoch(tiny):
 
 
 def test_capture_of_weights_not_yet_packed_is_named(tiny):
-    """PK (v48): a first launch on new weights packs w13 with torch copies, which a CUDA-graph
+    """PACKED_W13: a first launch on new weights packs w13 with torch copies, which a CUDA-graph
     capture must not record: named, not captured; after one eager step the capture works."""
     from ffnq.errors import UsageError
     spec, full = tiny

@@ -34,8 +34,8 @@ def test_table_rows(tables, target):
         assert r["grid"] == TritonRunner.blocks_for(r["width"]) == 264
         assert r["kernel"].startswith("ffn_tiny_s") and r["compile_s"] > 0
         assert r["ctas_per_cu"] >= 1 and r["resident"] is True
-        # at 255 registers ptxas spills a few words on sm_90 since v12: minimax-m2 0-8 B, this
-        # tiny build 72 B at s=16 with v13's scale-per-K-block path (8 B without it; H = 256 is
+        # at 255 registers ptxas spills a few words on sm_90: minimax-m2 0-8 B, this tiny build
+        # 72 B at 16 tokens with the scale on each K block's product (8 B without it; H = 256 is
         # two K steps, so its pipeline differs); a real spill problem is kilobytes
         assert r["spills"] <= 128
         if target == "sm_90":
@@ -80,10 +80,10 @@ def test_fp32_dots_at_tf32_are_counted():
 
 
 def test_partial_logits_over_sixteen_rows_stay_fp32(monkeypatch):
-    """PLR over 16 live rows (9-16 tokens) runs in passes of 8: as one pass Triton 3.6 folded it
-    into an fp32 tt.dot at tf32 precision (routes flipped on the H200, dev round 92); the
+    """LOGIT_FMA_ROWS over 16 live rows (9-16 tokens) runs in passes of 8: as one pass Triton 3.6
+    folded it into an fp32 tt.dot at tf32 precision (routes flipped at 11 and 16 tokens); the
     offline row names such a build an error."""
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR=16")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "LOGIT_FMA_ROWS=16")
     spec = load_model("minimax-m2")
     (row,) = offline.offline_table(spec, 1, Experts.ALL, "sm_90", widths=[16], jobs=1)
     assert "error" not in row, row.get("error")
@@ -91,8 +91,8 @@ def test_partial_logits_over_sixteen_rows_stay_fp32(monkeypatch):
 
 
 def test_launch_and_sync_choices(monkeypatch):
-    """v15: sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
-    with one system fence; v16: the seam and reduce exchanges are tagged words (LL), not on CDNA;
+    """sm_90 builds launch as programmatic dependent launches (still cooperative) and publish
+    with one system fence; the seam and reduce exchanges are tagged words, not on CDNA;
     CDNA and the interpreter do neither PDL nor the fence (griddepcontrol and the fence are
     PTX, HIP's launcher knows no launch_pdl); stage-2 tiles have 64 rows at one or two tokens.
     FFNQ_TRITON_TUNE turns each back."""
@@ -104,71 +104,74 @@ def test_launch_and_sync_choices(monkeypatch):
         return offline.constexprs_for(offline.build_key(spec, 2, Experts.ALL, s, blocks=blocks), hip, interp)
 
     def opts(c):
-        return G.launch_options(c, offline.build_key(spec, 2, Experts.ALL, c["S"]))
+        return G.launch_options(c, offline.build_key(spec, 2, Experts.ALL, c["TOKENS"]))
 
     cuda = cx(1)
-    assert cuda["PDL"] and cuda["FENCE"] and cuda["SORT"] and cuda["LL"] and cuda["CHK"] == 8
-    # v19: the seam's reads before the push, its partial logits over the live rows at 1-2 tokens
-    assert cuda["PRE"] and cuda["PLR"] == 2
-    assert cx(1, interp=True)["LL"] and not cx(1, hip=True)["LL"]
+    assert cuda["PDL"] and cuda["FENCE"] and cuda["SORT_TOPK"] and cuda["TAGGED_WORDS"] and cuda["POLLS_PER_CLOCK"] == 8
+    # the seam's reads before the push, its partial logits over the live rows at 1-2 tokens
+    assert cuda["EARLY_SEAM_READS"] and cuda["LOGIT_FMA_ROWS"] == 2
+    assert cx(1, interp=True)["TAGGED_WORDS"] and not cx(1, hip=True)["TAGGED_WORDS"]
     assert opts(cuda) == {"launch_cooperative_grid": True, "launch_pdl": True}
     for c in (cx(1, hip=True), cx(1, interp=True)):
         assert not c["PDL"] and not c["FENCE"]
         assert opts(c) == {"launch_cooperative_grid": True}
-    assert [cx(s)["BH"] for s in (1, 2, 3, 16)] == [64, 64, 128, 128]
+    assert [cx(s)["DOWN_TILE"] for s in (1, 2, 3, 16)] == [64, 64, 128, 128]
     # development keys: a width's own grid (the grid barrier counts each launch from 0, so grids
-    # may differ) sizes the peer buffer's flags for the largest grid; R1 caps width 1's registers
+    # may differ) sizes the peer buffer's flags for the largest grid; MAXNREG@1 caps width 1's registers
     from ffnq.backends.triton import TritonRunner
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "G1=528,R1=128")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "GRID@1=528,MAXNREG@1=128")
     assert (TritonRunner.blocks_for(1), TritonRunner.blocks_for(2), TritonRunner.flag_blocks()) == (528, 264, 528)
     assert opts(cx(1))["maxnreg"] == 128 and "maxnreg" not in opts(cx(2))
     assert "maxnreg" not in opts(cx(1, hip=True))
     big = TritonRunner.peer_bytes(spec, 2)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    # the flags of 528 CTAs, not 396 (3 per SM: the measured table's largest grid, v25)
+    # the flags of 528 CTAs, not 396 (3 per SM: the measured table's largest grid)
     assert TritonRunner.flag_blocks() == 396 and big > TritonRunner.peer_bytes(spec, 2)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,FENCE=0,CHK=1,SORT=0,BH=128,LL=0,PRE=0,PLR=0")
-    v14 = cx(1)
-    assert not (v14["PDL"] or v14["FENCE"] or v14["SORT"] or v14["LL"] or v14["PRE"] or v14["PLR"])
-    assert (v14["CHK"], v14["BH"]) == (1, 128)
-    assert opts(v14) == {"launch_cooperative_grid": True}
-    # SOLO (v22): TP1 without its exchanges (the identity there); a TP2 build keeps them
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PDL=0,FENCE=0,POLLS_PER_CLOCK=1,SORT_TOPK=0,DOWN_TILE=128,TAGGED_WORDS=0,"
+                                           "EARLY_SEAM_READS=0,LOGIT_FMA_ROWS=0")
+    off = cx(1)
+    assert not (off["PDL"] or off["FENCE"] or off["SORT_TOPK"] or off["TAGGED_WORDS"] or off["EARLY_SEAM_READS"]
+                or off["LOGIT_FMA_ROWS"])
+    assert (off["POLLS_PER_CLOCK"], off["DOWN_TILE"]) == (1, 128)
+    assert opts(off) == {"launch_cooperative_grid": True}
+    # SOLO: TP1 without its exchanges (the identity there); a TP2 build keeps them
     def tp1(hip=False):
         return offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, 1), hip)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     assert tp1()["SOLO"] and tp1(hip=True)["SOLO"] and not cuda["SOLO"]
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SOLO=0,COOP=0")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SOLO=0,COOPERATIVE=0")
     assert not tp1()["SOLO"] and opts(cx(1))["launch_cooperative_grid"] is False
-    # FR=n: TP1 up to n tokens reads whole rows for its logits, one barrier, no per-row pick;
-    # at TP2 only when asked (each CTA then waits for the peers' whole rows too: LL words only)
+    # FULL_ROWS=n: TP1 up to n tokens reads whole rows for its logits, one barrier, no per-row pick;
+    # at TP2 only when asked (each CTA then waits for the peers' whole rows too: tagged words only)
     w2 = offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, 2), False)
-    assert tp1()["FR"] == 1 and w2["FR"] == 1 and not w2["ROWTOP"]  # v23: FR=2 by default
-    assert cx(1)["FR"] == 0 and cx(1, hip=True)["FR"] == 0 and not cx(2)["FR"] and cx(2)["ROWTOP"]
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=4")  # at most 2: the rows are held whole
+    assert tp1()["FULL_ROWS"] == 1 and w2["FULL_ROWS"] == 1 and not w2["ROW_PICK"]  # FULL_ROWS=2 by default
+    assert cx(1)["FULL_ROWS"] == 0 and cx(1,
+                                          hip=True)["FULL_ROWS"] == 0 and not cx(2)["FULL_ROWS"] and cx(2)["ROW_PICK"]
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FULL_ROWS=4")  # at most 2: the rows are held whole
     fr = {s: offline.constexprs_for(offline.build_key(spec, 1, Experts.ALL, s), False) for s in (1, 2, 3)}
-    assert [fr[s]["FR"] for s in (1, 2, 3)] == [1, 1, 0]
-    assert not fr[2]["ROWTOP"] and fr[3]["ROWTOP"]
+    assert [fr[s]["FULL_ROWS"] for s in (1, 2, 3)] == [1, 1, 0]
+    assert not fr[2]["ROW_PICK"] and fr[3]["ROW_PICK"]
     # TP2 one token only (its peers' words spill two tokens' build)
-    assert [cx(s)["FR"] for s in (1, 2, 3)] == [1, 0, 0] and not cx(1)["ROWTOP"] and tp1(hip=True)["FR"]
-    with pytest.raises(ValueError, match="FR at TP > 1 needs the LL exchange"):
+    assert [cx(s)["FULL_ROWS"] for s in (1, 2, 3)] == [1, 0, 0] and not cx(1)["ROW_PICK"] and tp1(hip=True)["FULL_ROWS"]
+    with pytest.raises(ValueError, match="FULL_ROWS at TP > 1 needs the tagged-word exchange"):
         cx(1, hip=True)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=2,LL=0")
-    with pytest.raises(ValueError, match="it needs LL=1"):
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FULL_ROWS=2,TAGGED_WORDS=0")
+    with pytest.raises(ValueError, match="it needs TAGGED_WORDS=1"):
         cx(1)
-    assert tp1()["FR"] == 1  # TP1 has no peer rows to read
-    # SOLO=2 (scripts/tp2_solo.py): a TP2 build without exchanges, so FR as TP1's, to two tokens;
+    assert tp1()["FULL_ROWS"] == 1  # TP1 has no peer rows to read
+    # SOLO=2 (one rank's build alone on one GPU): a TP2 build without exchanges, so FULL_ROWS as TP1's;
     # where the shipped build holds three CTAs per SM (three tokens) its registers are capped to fit
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=2,LL=0,SOLO=2")
-    assert cx(1)["SOLO"] and [cx(s)["FR"] for s in (1, 2, 3)] == [1, 1, 0]
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FULL_ROWS=2,TAGGED_WORDS=0,SOLO=2")
+    assert cx(1)["SOLO"] and [cx(s)["FULL_ROWS"] for s in (1, 2, 3)] == [1, 1, 0]
     assert opts(cx(3))["maxnreg"] == 168 and "maxnreg" not in opts(cx(2))
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SOLO=2,R@3=160")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SOLO=2,MAXNREG@3=160")
     assert opts(cx(3))["maxnreg"] == 160
 
 
-def test_the_grid_follows_the_device(monkeypatch, capsys):
+def test_the_grid_follows_the_device(monkeypatch):
     """On NVIDIA the grid is 2 CTAs per SM of the job's GPU (264 on an H200 or H100 SXM, 228 on an
     H100 PCIe, 156 on an H20), 3 per SM where a width's build fits 3 and was measured faster
-    (v25: TP1 at 1-3 tokens); a runner with a grid of its own keeps it; CPU keeps BLOCKS. An
+    (TP1 at 1-3 tokens); a runner with a grid of its own keeps it; CPU keeps BLOCKS. An
     H20's grid is smaller than the seam's 192 chunks of 16 columns: 154 chunks of 20, two experts'
     logits per CTA; it compiles resident on 78 SMs (offline --cus)."""
     import torch
@@ -180,10 +183,10 @@ def test_the_grid_follows_the_device(monkeypatch, capsys):
     assert TritonRunner.for_sms(132) is TritonRunner
     pcie = TritonRunner.for_sms(114)
     assert (pcie.BLOCKS, pcie.blocks_for(1), pcie.flag_blocks()) == (228, 228, 342)
-    # v25: TP1 at 1-3 tokens 3 CTAs per SM of whichever device (configs/triton-measured.toml CPS)
+    # TP1 at 1-3 tokens 3 CTAs per SM of whichever device (configs/triton-measured.toml CTAS_PER_SM)
     assert [pcie.blocks_for(s, spec, 1) for s in (1, 3, 4)] == [342, 342, 228]
     assert [TritonRunner.blocks_for(s, spec, 1) for s in (1, 2, 3, 4, 16)] == [396, 396, 396, 264, 264]
-    # TP2: three per SM at 3 tokens only (v40, in the one-GPU proxy; one token was no faster there)
+    # TP2: three per SM at 3 tokens only (one token was no faster there)
     assert [TritonRunner.blocks_for(s, spec, 2) for s in (1, 2, 3, 4)] == [264, 264, 396, 264]
     assert TritonRunner.blocks_for(1, spec, 1, hip=True) == 264  # CDNA keeps its grid
     assert TritonRunner.with_grid(256).blocks_for(1, spec, 1) == 256  # a development grid: every width
@@ -195,23 +198,22 @@ def test_the_grid_follows_the_device(monkeypatch, capsys):
     assert pcie.for_device(torch.device("cuda", 0)) is pcie  # its own grid: no device query
     assert pcie.peer_bytes(spec, 2) < TritonRunner.peer_bytes(spec, 2)
     g = G.geometry(offline.build_key(spec, 2, Experts.ALL, 1, blocks=156))
-    assert (g["NCH"], g["CH"], g["EPC"], g["BLOCKS"]) == (154, 20, 2, 156)
+    assert (g["CHUNKS"], g["CHUNK"], g["CTA_EXPERTS"], g["BLOCKS"]) == (154, 20, 2, 156)
     for blocks in (100, 128, 156, 160, 191, 192, 228, 264, 396):
         g = G.geometry(offline.build_key(spec, 2, Experts.ALL, 16, blocks=blocks))
         # every chunk holds columns: a chunk past H would sum H tiles that do not exist (a CTA
-        # of grid 156 waited for them until its bound, dev round 46)
-        assert (g["NCH"] - 1) * g["CH"] < g["H"] <= g["NCH"] * g["CH"] and g["NCH"] <= blocks
-    assert offline.main(["--model", "minimax-m2", "--tp", "2", "--widths", "16", "--cus", "78", "--jobs", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "x 78 grid=156 resident=True" in out and "spills=0" in out
+        # of grid 156 waited for them until its bound)
+        assert (g["CHUNKS"] - 1) * g["CHUNK"] < g["HIDDEN"] <= g["CHUNKS"] * g["CHUNK"] and g["CHUNKS"] <= blocks
+    (row,) = offline.offline_table(spec, 2, Experts.ALL, "sm_90", widths=[16], cus=78, jobs=1)
+    assert (row["cus"], row["grid"], row["resident"], row["spills"]) == (78, 156, True, 0), row
 
 
-@pytest.mark.parametrize("tune,blocks", [("", None), ("G1=396,R1=168", None), ("G1=396", 264)])
+@pytest.mark.parametrize("tune,blocks", [("", None), ("GRID@1=396,MAXNREG@1=168", None), ("GRID@1=396", 264)])
 def test_offline_build_is_the_launch_build(tune, blocks, monkeypatch):
     """The prewarm fills the cache only if every constexpr of a width is the launch's: with one
-    width on its own grid (G1), the peer flags of every width are sized for the largest grid
+    width on its own grid (GRID@1), the peer flags of every width are sized for the largest grid
     (a prewarm that sized them per width missed the cache at widths 2-16, and the device compiled
-    30 builds in the check: dev round 42)."""
+    30 builds)."""
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import geometry as G
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
@@ -226,15 +228,15 @@ def test_offline_build_is_the_launch_build(tune, blocks, monkeypatch):
         for final in (False, True):
             cx = offline.constexprs_for(key, False, interp=True, final=final)
             assert cx == r._cx[(s, final)] and G.launch_options(cx, key) == r._opts[(s, final)]
-    # three tokens' measured register cap (v43) reaches the launch as the prewarm's
+    # three tokens' measured register cap reaches the launch as the prewarm's
     assert r._opts[(3, False)]["maxnreg"] == 168
     # (396 without a grid of its own: TP1 one token is 3 CTAs per SM, configs/triton-measured.toml)
-    assert r.keys[1].blocks == (blocks if blocks and "G1" not in tune else 396)
+    assert r.keys[1].blocks == (blocks if blocks and "GRID@1" not in tune else 396)
     assert r.keys[2].flags == r.keys[1].flags == max(r.keys[1].blocks, r.keys[2].blocks)
 
 
 def test_scale_range_is_checked_only_for_the_fp16_scale_path(monkeypatch):
-    """SACC=0 folds the block scale into fp16 operands (x 2^8): warm refuses a scale that would
+    """SCALE_ON_PRODUCT=0 folds the block scale into fp16 operands (x 2^8): warm refuses a scale that would
     overflow there, naming the tensor and the limit; the default path takes any scale."""
     import torch
     from ffnq.backends.triton import geometry as G
@@ -245,7 +247,7 @@ def test_scale_range_is_checked_only_for_the_fp16_scale_path(monkeypatch):
     w = shard(synthetic(spec, seed=3), spec, 1, 0, Experts.ALL)
     w.s13 = w.s13 * 0 + 0.75  # 448 x 0.75 x 2^8 > 65504
     pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SACC=0,F8=0")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SCALE_ON_PRODUCT=0,FP8_X=0")
     assert G.max_scale() == pytest.approx(0.5711, abs=1e-4)
     r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[1], model=spec)
     with pytest.raises(UsageError, match=r"s13 is 0.75.*below 0.571"):
@@ -299,29 +301,32 @@ def _assert_step_matches(r, out, ref, slots):
 
 
 def _claims_and_items(r, S: int) -> tuple[int, list]:
-    """(DQ) The work counter after a step of width S, and the two stages' item counts."""
+    """(WORK_QUEUE) The work counter after a step of width S, and the two stages' item counts."""
     from ffnq.backends.triton import geometry as G
     g = G.geometry(r.keys[S])
     n_act = int(r.view(S, "meta")[0])
-    items = [n_act * (g["I_R"] // g["BN"]) * g["KS"], n_act * (g["H"] // g["BH"]) * g["KH"]]
-    return int(r.view(S, "sync")[g["QOFF"]]), items
+    items = [n_act * (g["INTER"] // g["UP_TILE"]) * g["UP_KSPLIT"],
+             n_act * (g["HIDDEN"] // g["DOWN_TILE"]) * g["DOWN_KSPLIT"]]
+    return int(r.view(S, "sync")[g["QUEUE_AT"]]), items
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "RTOP=8", "RPG=4", "PLR=4", "SOLO=0", "KH=2", "A8=0", "A8=1", "A8T=4", "DQ=1",
-                                  "HP=3", "HP=3,A8=0,DQ=1", "PK=0"])
+@pytest.mark.parametrize("tune", ["", "ROW_PICK_FROM=8", "ROW_PICK_MAX_CTAS=4", "LOGIT_FMA_ROWS=4", "SOLO=0",
+                                  "DOWN_KSPLIT=2", "DOWN_FP8=0", "DOWN_FP8=1", "DOWN_ACT_TERMS=4", "WORK_QUEUE=1",
+                                  "EARLY_HEADER=3", "EARLY_HEADER=3,DOWN_FP8=0,WORK_QUEUE=1", "PACKED_W13=0"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
-    the per-row top-k of phase B (the default from 3 rows), with every CTA's (RTOP=8), and with
-    4 CTAs per row in the per-row pick (RPG=4: most CTAs sit the pick out), with the seam's
-    partial logits over the live rows as FMAs, not a 16-row dot (PLR=4), with the exchanges
-    that TP1 skips by default (SOLO=0: they are the identity there, v22), with each stage-2
-    item in two parts of I_R, summed in phase E (KH=2), with stage 2 on the fp16 act (A8=0: the
-    default is two fp8 act terms, v26), on fp8 terms in steps of one stage-1 tile (A8=1), on
-    four act terms (A8T=4), with a CTA's items after its first from one counter (DQ=1,
-    TP1's 4-16 tokens), and with each stage-2 item's header read at the end of the item before
-    (HP=3: both stages), on the fp8 act and on the fp16 one, and with w13 as given (PK=0: the
-    default reads it tile-packed by the runner, v48)."""
+    the per-row top-k of phase B (the default from 3 rows), with every CTA's (ROW_PICK_FROM=8),
+    and with 4 CTAs per row in the per-row pick (ROW_PICK_MAX_CTAS=4: most CTAs sit the pick out),
+    with the seam's partial logits over the live rows as FMAs, not a 16-row dot
+    (LOGIT_FMA_ROWS=4), with the exchanges that TP1 skips by default (SOLO=0: they are the
+    identity there), with each stage-2 item in two parts of the intermediate, summed in phase E
+    (DOWN_KSPLIT=2), with stage 2 on the fp16 act (DOWN_FP8=0: the default is two fp8 act
+    terms), on fp8 terms in steps of one stage-1 tile (DOWN_FP8=1), on four act terms
+    (DOWN_ACT_TERMS=4), with a CTA's items after its first from one counter (WORK_QUEUE=1, TP1's
+    3-16 tokens), and with each stage-2 item's header read at the end of the item before
+    (EARLY_HEADER=3: both stages), on the fp8 act and on the fp16 one, and with w13 as given
+    (PACKED_W13=0: the default reads it tile-packed by the runner)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -334,15 +339,15 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_tp1_whole_rows_router(monkeypatch):
-    """FR: every CTA reads the two whole rows for rstd and its own experts' logits, in phase A,
+    """FULL_ROWS: every CTA reads the two whole rows for rstd and its own experts' logits, in phase A,
     and passes one grid barrier; x, the logits and the routing must be the reference's."""
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FR=2")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FULL_ROWS=2")
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import geometry as G
     r, out, res, ref = _tp1_step(TritonRunner, torch.tensor([0, 1]), 3, 7)
-    assert G.geometry(r.keys[2])["FR"] == 1
+    assert G.geometry(r.keys[2])["FULL_ROWS"] == 1
     assert reference.compare(out, ref.out)["rel_err"] < 1e-2
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
     assert torch.equal(r.view(2, "route").long(), ref.chosen)
@@ -356,7 +361,7 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
     """A grid that does not divide the hidden size (the grid follows the GPU's SMs: an H20's 156
     CTAs over 3072 columns): tiny's 256 columns over 12 CTAs are 12 chunks of 22, over 7 CTAs 7 of
     37, the last ending past H. Its sum must wait only for H tiles that exist (it waited out its
-    bound for tile H/BH on the H200, dev rounds 46-47)."""
+    bound for tile H / DOWN_TILE on the H200)."""
     monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
     import torch
     from ffnq import reference
@@ -364,7 +369,7 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
     from ffnq.backends.triton import geometry as G
     spec = load_model("tiny")
     g0 = G.geometry(offline.build_key(spec, 1, Experts.ALL, 2, blocks=blocks))
-    assert g0["NCH"] * g0["CH"] > spec.hidden  # the case under test
+    assert g0["CHUNKS"] * g0["CHUNK"] > spec.hidden  # the case under test
     r, out, res, ref = _tp1_step(TritonRunner.with_grid(blocks), torch.tensor([0, 1]), 8, 9)
     assert r.fault(2) is None
     assert reference.compare(out, ref.out)["rel_err"] < 1e-2
@@ -372,15 +377,15 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["DQ=1,KS=2", "DQ=1,KS=2,HP=3"])
+@pytest.mark.parametrize("tune", ["WORK_QUEUE=1,UP_KSPLIT=2", "WORK_QUEUE=1,UP_KSPLIT=2,EARLY_HEADER=3"])
 def test_interpreter_items_taken_from_counters(tune, monkeypatch):
-    """DQ=1 (TP1's 4-16 tokens, configs/triton-measured.toml): after its first item a CTA takes
+    """WORK_QUEUE=1 (TP1's 3-16 tokens, configs/triton-measured.toml): after its first item a CTA takes
     the next ticket of one counter for both stages, not every BLOCKS-th item; its first stage-2
     item is the one its last stage-1 claim took (carried from the stage-1 launch to the stage-2
     launch here). The interpreter runs CTAs one after another, so on a grid of 7 CTA 0 takes
     every ticket after the first round: each item must still run exactly once (the counter ends
     at the items' count) and the step match the reference, split K's fix-up included; also
-    with each item's successor and header taken at the end of the item before (HP=3)."""
+    with each item's successor and header taken at the end of the item before (EARLY_HEADER=3)."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
@@ -390,7 +395,8 @@ def test_interpreter_items_taken_from_counters(tune, monkeypatch):
     slots = torch.tensor([0, -1, 2])
     r, out, res, ref = _tp1_step(TritonRunner.with_grid(7), slots, 4, 6)
     g = G.geometry(r.keys[S])
-    assert g["DQ"] == 1 and g["KS"] == 2 and g["BLOCKS"] == 7 and g["HP"] == (3 if "HP" in tune else 0)
+    assert g["WORK_QUEUE"] == 1 and g["UP_KSPLIT"] == 2 and g["BLOCKS"] == 7
+    assert g["EARLY_HEADER"] == (3 if "EARLY_HEADER" in tune else 0)
     q, (n1, n2) = _claims_and_items(r, S)
     assert n1 > 7 and n2 > 7  # more items than CTAs: the counter is in use
     assert q == n1 + n2  # one claim per item run: every item once
@@ -399,34 +405,36 @@ def test_interpreter_items_taken_from_counters(tune, monkeypatch):
 
 
 def test_progressive_sum_counters(monkeypatch):
-    """PS=1 or 2: a counter per (slot, H tile) after the split-K arrivals, before the work
+    """SUM_AS_DONE=1 or 2: a counter per (slot, H tile) after the split-K arrivals, before the work
     counter; off by default and where a build has no slots; other values refused."""
     from ffnq.backends.triton import geometry as G
     spec = load_model("minimax-m2")
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
     g0 = G.geometry(offline.build_key(spec, 1, Experts.ALL, 16))
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PS=1")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SUM_AS_DONE=1")
     g1 = G.geometry(offline.build_key(spec, 1, Experts.ALL, 16))
-    nht = spec.hidden // g1["BH"]
-    assert g0["PS"] == 0 and g0["QOFF"] == g0["PSO"]
-    assert g1["PS"] == 1 and g1["PSO"] == g0["PSO"] and g1["QOFF"] == g1["PSO"] + g1["NSL"] * nht
-    assert g1["NSYNC"] == g0["NSYNC"] + g1["NSL"] * nht and g1["NSLP2"] >= g1["NSL"]
-    assert G.geometry(offline.build_key(spec, 1, Experts.NONE, 16))["PS"] == 0
-    # PS=2 polls by loads: a lane per thread, so the prefix's min crosses the warps (dev round 80)
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PS=2")
-    assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 2))["NSLP2"] == 32 * G.NUM_WARPS
+    nht = spec.hidden // g1["DOWN_TILE"]
+    assert g0["SUM_AS_DONE"] == 0 and g0["QUEUE_AT"] == g0["SLOT_TILE_AT"]
+    assert g1["SUM_AS_DONE"] == 1 and g1["SLOT_TILE_AT"] == g0["SLOT_TILE_AT"]
+    assert g1["QUEUE_AT"] == g1["SLOT_TILE_AT"] + g1["SLOTS"] * nht
+    assert g1["COUNTERS"] == g0["COUNTERS"] + g1["SLOTS"] * nht and g1["SLOTS_P2"] >= g1["SLOTS"]
+    assert G.geometry(offline.build_key(spec, 1, Experts.NONE, 16))["SUM_AS_DONE"] == 0
+    # SUM_AS_DONE=2 polls by loads: a lane per thread, so the prefix's min crosses the warps
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SUM_AS_DONE=2")
+    assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 2))["SLOTS_P2"] == 32 * G.NUM_WARPS
     assert offline.NUM_WARPS == TritonRunner.NUM_WARPS == G.NUM_WARPS
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PS=3")
-    with pytest.raises(ValueError, match="PS=3"):
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "SUM_AS_DONE=3")
+    with pytest.raises(ValueError, match="SUM_AS_DONE=3"):
         G.geometry(offline.build_key(spec, 1, Experts.ALL, 2))
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune, blocks", [("", None), ("KH=2", None), ("", 7)])
+@pytest.mark.parametrize("tune, blocks", [("", None), ("DOWN_KSPLIT=2", None), ("", 7)])
 def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
-    """PS=1: phase E sums each slot once its stage-2 items are done, in the same slot order as
-    after the tile's last slot, so the step is bitwise the one without PS; every (slot, tile)
-    counter ends at KH (the parts of I_R), also with chunks across two H tiles (a grid of 7)."""
+    """SUM_AS_DONE=1: phase E sums each slot once its stage-2 items are done, in the same slot
+    order as after the tile's last slot, so the step is bitwise the one without it; every (slot,
+    tile) counter ends at DOWN_KSPLIT (the parts of the intermediate), also with chunks across
+    two H tiles (a grid of 7)."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
@@ -435,27 +443,29 @@ def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
     slots = torch.tensor([0, -1, 2, 3])
     runs = {}
     for ps in (0, 1):
-        # (SPS=0 in both: PS=1 turns SPS off, and SPS adds a row's slots in another order than
-        # the sum of every slot, so PS=0 with it would not be bitwise PS=1's step)
-        monkeypatch.setenv("FFNQ_TRITON_TUNE", ",".join(t for t in (tune, f"PS={ps}", "SPS=0") if t))
+        # (SUM_OWN_SLOTS=0 in both: SUM_AS_DONE=1 turns it off, and it adds a row's slots in
+        # another order than the sum of every slot, so SUM_AS_DONE=0 with it would not be
+        # bitwise SUM_AS_DONE=1's step)
+        monkeypatch.setenv("FFNQ_TRITON_TUNE", ",".join(t for t in (tune, f"SUM_AS_DONE={ps}", "SUM_OWN_SLOTS=0") if t))
         runs[ps] = _tp1_step(cls, slots, 3, 11)
     r, out, res, ref = runs[1]
     g = G.geometry(r.keys[4])
-    assert g["PS"] == 1 and runs[0][0].fault(4) is None and r.fault(4) is None
+    assert g["SUM_AS_DONE"] == 1 and runs[0][0].fault(4) is None and r.fault(4) is None
     assert torch.equal(out, runs[0][1]) and torch.equal(res, runs[0][2])
     assert reference.compare(out, ref.out, rows=torch.tensor([0, 2, 3]))["rel_err"] < 1e-2
-    n_act, nht = int(r.view(4, "meta")[0]), g["H"] // g["BH"]
-    cnt = r.view(4, "sync")[g["PSO"]:g["QOFF"]].view(g["NSL"], nht)
-    assert n_act > 1 and (cnt[:n_act] == g["KH"]).all() and (cnt[n_act:] == 0).all()
+    n_act, nht = int(r.view(4, "meta")[0]), g["HIDDEN"] // g["DOWN_TILE"]
+    cnt = r.view(4, "sync")[g["SLOT_TILE_AT"]:g["QUEUE_AT"]].view(g["SLOTS"], nht)
+    assert n_act > 1 and (cnt[:n_act] == g["DOWN_KSPLIT"]).all() and (cnt[n_act:] == 0).all()
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["SPS=1", "SPS=2", "SPS=2,KH=2", "SPS=2,HP=3"])
+@pytest.mark.parametrize("tune", ["SUM_OWN_SLOTS=1", "SUM_OWN_SLOTS=2", "SUM_OWN_SLOTS=2,DOWN_KSPLIT=2",
+                                  "SUM_OWN_SLOTS=2,EARLY_HEADER=3"])
 def test_interpreter_sum_of_each_rows_own_slots(tune, monkeypatch):
-    """SPS: phase E sums each row's own K slots (its route mapped by phase C's expert -> slot
+    """SUM_OWN_SLOTS: phase E sums each row's own TOP_K slots (its route mapped by phase C's expert -> slot
     table), not every active slot. The partials are poisoned (NaN) before a second step with new
     inputs: it must still match the reference, so the sum read nothing that step did not write;
-    with SPS=2 the partials of a row not routed to a slot's expert stay poisoned (never written)."""
+    with SUM_OWN_SLOTS=2 the partials of a row not routed to a slot's expert stay poisoned (never written)."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
@@ -472,22 +482,24 @@ def test_interpreter_sum_of_each_rows_own_slots(tune, monkeypatch):
         assert reference.compare(out, ref.out, rows=live)["rel_err"] < 1e-2, step
         assert (out[1] == 0).all() and r.fault(S) is None
     geo = G.geometry(r.keys[S])
-    assert geo["SPS"] == int(tune[4]) and geo["KH"] == (2 if "KH" in tune else 1)
+    assert geo["SUM_OWN_SLOTS"] == int(tune.split(",")[0].split("=")[1])
+    assert geo["DOWN_KSPLIT"] == (2 if "DOWN_KSPLIT" in tune else 1)
     n_act = int(r.view(S, "meta")[0])
     ecta = r.view(S, "ecta")[0, :n_act].long()
     inv = r.view(S, "inv")[0].long()
     assert torch.equal(inv[ecta], torch.arange(n_act)) and int((inv >= 0).sum()) == n_act  # -1: no slot
     routed = (ref.chosen[:, :, None] == ecta[None, None, :]).any(1)  # [S, n_act]
-    written = ~r.view(S, "ypart").view(-1, geo["KH"], S, r.model.hidden)[:n_act].isnan().all(-1)  # [slot, part, row]
-    assert (written == (routed.T[:, None, :] if geo["SPS"] == 2 else True)).all()
+    # [slot, part, row]
+    written = ~r.view(S, "ypart").view(-1, geo["DOWN_KSPLIT"], S, r.model.hidden)[:n_act].isnan().all(-1)
+    assert (written == (routed.T[:, None, :] if geo["SUM_OWN_SLOTS"] == 2 else True)).all()
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["KS=2", "KS=2,PLR=8"])
+@pytest.mark.parametrize("tune", ["UP_KSPLIT=2", "UP_KSPLIT=2,LOGIT_FMA_ROWS=8"])
 def test_interpreter_row_topk_and_split_k(tune, monkeypatch):
     """Six rows, so one CTA per row picks that row's top-k in phase B, and the stage-1 items
     split in two K parts (the last arriver of a tile sums them): TP1 numerics and routing; also
-    with phase A's partial logits over the 8-row live tile as FMAs (PLR=8, TP1's 5-6 tokens)."""
+    with phase A's partial logits over the 8-row live tile as FMAs (LOGIT_FMA_ROWS=8, TP1's 5-6 tokens)."""
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
@@ -497,7 +509,7 @@ def test_interpreter_row_topk_and_split_k(tune, monkeypatch):
     slots = torch.tensor([0, 1, -1, 3, 4, 5])
     r, out, res, ref = _tp1_step(TritonRunner, slots, 6, 8)
     geo = G.geometry(r.keys[S])
-    assert geo["KS"] == 2 and geo["ROWTOP"]
+    assert geo["UP_KSPLIT"] == 2 and geo["ROW_PICK"]
     _assert_step_matches(r, out, ref, slots)
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
     live = torch.tensor([0, 1, 3, 4, 5])
@@ -506,26 +518,27 @@ def test_interpreter_row_topk_and_split_k(tune, monkeypatch):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_partial_logits_in_passes(monkeypatch):
-    """PLR=16 at eleven rows (one padding): phase A's partial logits over the 16-row live tile in
+    """LOGIT_FMA_ROWS=16 at eleven rows (one padding): phase A's partial logits over the 16-row live tile in
     two passes of 8 rows; TP1 numerics and routing against the fp64 reference."""
     import torch
     from ffnq.backends.triton import TritonRunner
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PLR=16")
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "LOGIT_FMA_ROWS=16")
     slots = torch.tensor([0, 1, 2, 3, 4, -1, 6, 7, 8, 9, 10])
     r, out, _, ref = _tp1_step(TritonRunner, slots, 6, 8)
     _assert_step_matches(r, out, ref, slots)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["LL=1", "LL=0", "LL=1,FR=2"])
+@pytest.mark.parametrize("tune", ["TAGGED_WORDS=1", "TAGGED_WORDS=0", "TAGGED_WORDS=1,FULL_ROWS=2"])
 def test_interpreter_fault_protocol_tp2_in_one_process(tune, monkeypatch):
     """Rank 0 runs alone: its seam wait expires (the interpreter has no clock: one look), it
     records rank 1 as missing, notes it in every fault_box and publishes -e later; rank 1 then
     learns from its fault_box that it was the missing one. Both launches end and move the epoch.
-    Both exchanges: tagged words (LL, the default) and values + flags (LL=0, as on CDNA); and
-    with the whole rows' wait after the chunk's (FR=2), which must not record a second fault."""
+    Both exchanges: tagged words (the default) and values + flags (TAGGED_WORDS=0, as on CDNA);
+    and with the whole rows' wait after the chunk's (FULL_ROWS=2), which must not record a second
+    fault."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
-    ll, S = "LL=1" in tune, 1 if "FR" in tune else 2  # (FR at TP2: one token only)
+    ll, S = "TAGGED_WORDS=1" in tune, 1 if "FULL_ROWS" in tune else 2  # (FULL_ROWS at TP2: one token only)
     import torch
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import geometry as G
@@ -541,7 +554,7 @@ def test_interpreter_fault_protocol_tp2_in_one_process(tune, monkeypatch):
         full = synthetic(spec, seed=1)
         rs = [TritonRunner(2, k, bufs[k].data_ptr(), peers, "cpu", widths=[S], model=spec, timeline=True)
               for k in range(2)]
-        assert G.geometry(rs[0].keys[S])["FR"] == ("FR" in tune)
+        assert G.geometry(rs[0].keys[S])["FULL_ROWS"] == ("FULL_ROWS" in tune)
         g = torch.Generator().manual_seed(3)
         parts = [torch.randn(S, spec.hidden, generator=g).bfloat16() for _ in range(2)]
         resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
@@ -568,20 +581,24 @@ def test_interpreter_fault_protocol_tp2_in_one_process(tune, monkeypatch):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
-                                          (Experts.ALL, "LL=0"), (Experts.ALL, "SQ=1"), (Experts.ALL, "PLR=4"),
-                                          (Experts.LOCAL, "DQ=1"), (Experts.ALL, "DQ=1"), (Experts.ALL, "DQ=1,HP=3"),
-                                          (Experts.ALL, "SPS=2"), (Experts.LOCAL, "SPS=2"),
-                                          (Experts.ALL, "FR=2"), (Experts.LOCAL, "FR=2")])
+                                          (Experts.ALL, "TAGGED_WORDS=0"), (Experts.ALL,
+                                                                            "UP_NARROW_FROM=1"), (Experts.ALL,
+                                                                                "LOGIT_FMA_ROWS=4"),
+                                          (Experts.LOCAL, "WORK_QUEUE=1"), (Experts.ALL, "WORK_QUEUE=1"), (Experts.ALL,
+                                              "WORK_QUEUE=1,EARLY_HEADER=3"),
+                                          (Experts.ALL, "SUM_OWN_SLOTS=2"), (Experts.LOCAL, "SUM_OWN_SLOTS=2"),
+                                          (Experts.ALL, "FULL_ROWS=2"), (Experts.LOCAL, "FULL_ROWS=2")])
 def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeypatch):
     """Two ranks in one process, run stage by stage interleaved (each publish precedes its wait):
     the whole protocol (seam, reduce, handshake) and the numerics of every Experts mode at TP2,
-    and once with the flagged exchanges (LL=0, CDNA's); ALL again with the seam's partial logits
-    over the live rows (PLR=4); LOCAL and ALL with the items from one counter on a grid of 7, so
-    that most items are taken from it (DQ=1: on at 4-16 tokens); ALL and LOCAL with the sum of
-    each row's own slots (SPS=2, on at every width: LOCAL's rows have route entries of other
-    ranks' experts, which have no slot here; the tiny model's three rows take neither from the
+    and once with the flagged exchanges (TAGGED_WORDS=0, CDNA's); ALL again with the seam's partial
+    logits over the live rows (LOGIT_FMA_ROWS=4); LOCAL and ALL with the items from one counter on
+    a grid of 7, so that most items are taken from it (WORK_QUEUE=1: on at 3-16 tokens); ALL and
+    LOCAL with the sum of each row's own slots (SUM_OWN_SLOTS=2, on at every width: LOCAL's rows
+    have route entries of other ranks' experts, which have no slot here; the tiny model's three
+    rows take neither from the
     measured table, which is minimax-m2's); and at one row with the router from every rank's
-    whole rows in each CTA (FR: TP1's at 1-2 tokens; at TP2 off, and one token at most)."""
+    whole rows in each CTA (FULL_ROWS: TP1's at 1-2 tokens; at TP2 off, and one token at most)."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -589,7 +606,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     from ffnq.backends.triton import geometry as G
     from ffnq.weights import shard, synthetic
     spec, tp = load_model("tiny"), 2
-    slots = torch.tensor([1] if "FR" in tune else [0, -1, 2])  # (FR at TP2: one token only)
+    slots = torch.tensor([1] if "FULL_ROWS" in tune else [0, -1, 2])  # (FULL_ROWS at TP2: one token only)
     S, real = len(slots), torch.nonzero(slots >= 0).flatten()
     nb = TritonRunner.peer_bytes(spec, tp)
     bufs = [torch.zeros(nb, dtype=torch.uint8) for _ in range(tp)]
@@ -598,13 +615,13 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
     try:
         peers = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64)
         full = synthetic(spec, seed=4)
-        cls = TritonRunner.with_grid(7) if "DQ" in tune else TritonRunner
+        cls = TritonRunner.with_grid(7) if "WORK_QUEUE" in tune else TritonRunner
         rs = [cls(tp, k, bufs[k].data_ptr(), peers, "cpu", widths=[S], model=spec, experts=experts)
               for k in range(tp)]
         g = torch.Generator().manual_seed(9)
         parts = [torch.randn(S, spec.hidden, generator=g).bfloat16() for _ in range(tp)]
         resid = torch.randn(S, spec.hidden, generator=g).bfloat16()
-        assert G.geometry(rs[0].keys[S])["FR"] == ("FR" in tune)
+        assert G.geometry(rs[0].keys[S])["FULL_ROWS"] == ("FULL_ROWS" in tune)
         steps = [rs[k].staged(parts[k], resid, shard(full, spec, tp, k, experts), slots, final=True)
                  for k in range(tp)]
         for i in range(len(steps[0][0])):
@@ -619,7 +636,7 @@ def test_interpreter_tp2_stage_by_stage_matches_reference(experts, tune, monkeyp
             assert torch.equal(rs[k].view(S, "route").long(), ref.chosen)
             assert torch.allclose(rs[k].view(S, "route_w").double(), ref.weights, rtol=1e-4, atol=1e-6)
             assert (out[slots < 0] == 0).all() and rs[k].fault(S) is None and int(rs[k].epoch[0]) == 1
-            if "DQ" in tune:  # every item once, most from the counter
+            if "WORK_QUEUE" in tune:  # every item once, most from the counter
                 q, (n1, n2) = _claims_and_items(rs[k], S)
                 assert n1 > 7 and n2 > 7
                 assert q == n1 + n2
@@ -640,7 +657,7 @@ def _topk_kernel(lg_ptr, b_ptr, sel_ptr, w_ptr, R: tl.constexpr, E: tl.constexpr
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_topk_by_sort_matches_max_rounds():
-    """SORT (v15): the router's top-k as one partial bitonic sort picks the same experts with the
+    """SORT_TOPK: the router's top-k as one partial bitonic sort picks the same experts with the
     same weights as K rounds of a max, also among tied scores (the index in the key breaks ties)."""
     import torch
 
@@ -667,7 +684,7 @@ def test_interpreter_topk_by_sort_matches_max_rounds():
 def test_warm_table_takes_the_fewer_ctas_of_both_variants(monkeypatch):
     """`ffnq warm --target`: a job launches the plain and the handshake variant, so a width is as
     resident as the fewer CTAs per CU of the two (TP2's three tokens at a grid of 198: 168
-    registers, three per SM, against 180, two; device round 84); a failed variant fails the width."""
+    registers, three per SM, against 180, two); a failed variant fails the width."""
     def fake(model, tp, experts, target, widths=None, final=False):
         assert final == "both"
         return [dict(width=3, kernel="k3", compile_s=1.0, regs=168, spills=0, ctas_per_cu=3, cus=132, grid=396,
@@ -679,6 +696,7 @@ def test_warm_table_takes_the_fewer_ctas_of_both_variants(monkeypatch):
                 dict(width=1, kernel="k1", target="sm_90", error="boom", grid=264, resident=False, final=True)]
     monkeypatch.setattr(offline, "offline_table", fake)
     r1, r3 = offline.warm_table("minimax-m2", 2, "all", "sm_90", [1, 3])
-    assert (r3["ctas_per_cu"], r3["resident"], r3["regs"], r3["final_regs"], r3["compile_s"]) == (2, False, 168, 180, 3.0)
+    assert (r3["ctas_per_cu"], r3["resident"], r3["regs"], r3["final_regs"], r3["compile_s"]) == (2, False, 168, 180,
+        3.0)
     assert "final_spills" not in r3 and "final" not in r3
     assert r1["resident"] is False and r1["error"] == "final: boom"

@@ -1,4 +1,4 @@
-"""The Triton runner's packed w13 (PK, v48): the layout the kernel's stage 1 reads, one copy per
+"""The Triton runner's packed w13 (PACKED_W13): the layout the kernel's stage 1 reads, one copy per
 w13 tensor object, remade after an in-place write, and handed only to the builds that read it."""
 import pytest
 import torch
@@ -15,7 +15,7 @@ def test_packed_layout_is_each_k_steps_gate_then_up_block():
     flat = p.view(torch.uint8).view(ne, i_r // bn, h // 128, 2, bn, 128)
     raw = w.view(torch.uint8)
     for e, t, kb, half, r in [(0, 0, 0, 0, 0), (1, 1, 1, 1, 3), (0, 1, 0, 1, 2), (1, 0, 1, 0, 1)]:
-        row = half * i_r + t * bn + r  # gate rows first, the up rows I_R further
+        row = half * i_r + t * bn + r  # gate rows first, the up rows INTER further
         assert torch.equal(flat[e, t, kb, half, r], raw[e, row, kb * 128:(kb + 1) * 128])
 
 
@@ -36,7 +36,7 @@ def test_one_copy_per_tensor_remade_after_an_in_place_write():
     assert sorted(id(ref()) for ref, *_ in pk._packed) == sorted([id(w), id(fresh)])
 
 
-@pytest.mark.parametrize("tune, packed", [("", True), ("PK=0", False)])
+@pytest.mark.parametrize("tune, packed", [("", True), ("PACKED_W13=0", False)])
 def test_only_builds_that_read_it_get_the_packed_copy(tune, packed, monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # a runner on this CPU: its constexprs, no launch
@@ -57,7 +57,7 @@ def test_a_new_view_of_the_same_weights_is_not_packed_again():
     reads the same weights: one copy per layer, not a copy per launch; another layer, another
     place in the owner, its own copy; a write through any view repacks (their one version count)."""
     pk = PackedWeights()
-    w_all = torch.randn(3, 2, 16, 256).to(torch.float8_e4m3fn)  # [layers, experts, 2 I_R, H]
+    w_all = torch.randn(3, 2, 16, 256).to(torch.float8_e4m3fn)  # [layers, experts, 2 I, H]
     a = pk.get(w_all[0], 4)
     assert pk.get(w_all[0], 4) is a and pk.get(w_all.select(0, 0), 4) is a
     b = pk.get(w_all[1], 4)

@@ -1,12 +1,14 @@
 """TritonRunner: the fused persistent kernel of kernel.py behind the ffnq runner contract.
 
-One compiled kernel per width (tokens S is a constexpr), launched as a cooperative grid of
-blocks_for(S) CTAs. Under TRITON_INTERPRET=1 (CPU, TP1 only) each step runs as four launches
-(STAGE 1..5), since the interpreter runs CTAs one after another and grid barriers would hang.
+One compiled kernel per width (TOKENS is a constexpr) and variant (FINAL), launched as a
+cooperative grid of blocks_for(width) CTAs. Under TRITON_INTERPRET=1 (CPU) each step runs as one
+launch per part (geometry.STAGES), since the interpreter runs CTAs one after another and grid
+barriers would hang.
 
-The first launch on a weights object's tensors prepares them: the stream is waited for once (EW
-builds, SettledWeights) and w13 is packed into the layout stage 1 reads (PK, PackedWeights: one
-more copy of w13 while the tensor lives, remade after an in-place write). So that first launch
+The first launch on a weights object's tensors prepares them: the stream is waited for once
+(EARLY_WEIGHTS builds, SettledWeights) and w13 is packed into the layout stage 1 reads
+(PACKED_W13, PackedWeights: one more copy of w13 while the tensor lives, remade after an in-place
+write). So that first launch
 must run eagerly, not inside a CUDA-graph capture (warm and the bench's timers do so).
 """
 from __future__ import annotations
@@ -39,7 +41,7 @@ def _owner(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
 
 
 class SettledWeights:
-    """Which weight tensors the stream has been waited for since they were made. An EW build reads
+    """Which weight tensors the stream has been waited for since they were made. An EARLY_WEIGHTS build reads
     router, post_norm and router_bias before its PDL wait, where the writes of the kernel just
     before it need not be visible yet; so the first launch on tensors not seen before waits for
     the stream. Held weakly, by the tensor that owns the memory (_owner): tensors freed and new
@@ -65,7 +67,7 @@ class SettledWeights:
 
 
 def packed_w13(w13: torch.Tensor, bn: int) -> torch.Tensor:
-    """(PK) w13 [experts, 2 I_R, H] tile-packed as the kernel reads it: [experts, I_R / bn, H / 128,
+    """(PACKED_W13) w13 [experts, 2 I, H] tile-packed as the kernel reads it: [experts, I / bn, H / 128,
     (gate, up), bn, 128], each K step's gate block and then its up block contiguous (as given, a
     K step of a tile reads 128 bytes of each of its 2 x bn rows, H bytes apart)."""
     ne, rows, h = w13.shape
@@ -73,7 +75,7 @@ def packed_w13(w13: torch.Tensor, bn: int) -> torch.Tensor:
 
 
 class PackedWeights:
-    """(PK) Each w13's packed copy, made on its first launch and kept while the tensor that owns
+    """(PACKED_W13) Each w13's packed copy, made on its first launch and kept while the tensor that owns
     its memory lives (held weakly by that owner and the place in it, as SettledWeights: a freed
     tensor's address reused is new weights, a new view of the same weights is not; remade if the
     weights were written in place since, by their version count).
@@ -90,7 +92,7 @@ class PackedWeights:
             if ref() is owner and at == where and b == bn and version == w13._version:
                 return p
         if w13.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise UsageError("weights: w13 is not packed for the Triton build (PK) yet; run one step on them "
+            raise UsageError("weights: w13 is not packed for the Triton build (PACKED_W13) yet; run one step on them "
                              "before capturing a CUDA graph")
         # the copies of freed tensors go when a new one is made, and so do the owner's copies of an
         # older version (its views share one version count) and the one this replaces
@@ -106,22 +108,21 @@ class TritonRunner(Runner):
     # gloo for the jobs' cpu-tensor collectives (records, clock offsets, checksums), NCCL for
     # the baselines' device all-reduce
     DIST_BACKEND = "cpu:gloo,cuda:nccl"
-    # 2 CTAs per SM on an H200 (255 regs x 128 threads, 90 KB smem each): two warp groups per SM
-    # stream weights. From 2 tokens 256 won over 128 by 10-16% (dev round 4), one token by 3.4%
-    # once its items were split in two K parts (v12, dev round 5). v19: 264, every slot of the
-    # H200's 132 SMs, not 256: faster at 14 of 16 widths (0.4-4.4%, TP1 dev round 41); with PRE
-    # and PLR 2.9-4.8 us faster at 4-16 tokens, the same at 1-2 (dev round 43). Resident on
-    # gfx942 and gfx950 too (offline tables).
+    # 2 CTAs per SM on an H200 (255 registers x 128 threads, 90 KB of shared memory each): two
+    # warp groups per SM stream weights. From 2 tokens 256 CTAs were 10-16% faster than 128, one
+    # token 3.4% once its items were split in two K parts; 264, every slot of the H200's 132 SMs,
+    # not 256: 0.4-4.4% faster at 14 of 16 widths. Resident on gfx942 and gfx950 too (ffnq warm
+    # --target).
     BLOCKS = 264
     # on NVIDIA the grid is CTAS_PER_SM x the device's SMs (264 on an H200 or H100 SXM, 228 on an
     # H100 PCIe): every build fits two per SM (<= 255 registers x 128 threads, <= 98 KB of shared
-    # memory), and a width whose build fits three and was measured faster so takes 3 x SMs (CPS
-    # in configs/triton-measured.toml). A class with a grid of its own (with_grid, development
-    # runners) keeps it at every width. CDNA keeps BLOCKS (resident at 1 per CU on gfx942's 304,
-    # offline tables; never run there).
+    # memory), and a width whose build fits three and was measured faster so takes 3 x SMs
+    # (CTAS_PER_SM in configs/triton-measured.toml). A class with a grid of its own (with_grid)
+    # keeps it at every width. CDNA keeps BLOCKS (resident at 1 per CU on gfx942's 304 CUs,
+    # offline; never run there).
     CTAS_PER_SM = 2
-    # (PK) one packed copy of each w13 per process, not per runner: the jobs and scripts run
-    # several runners on the same weights (qualify's two runners, the timeline and inject runners)
+    # (PACKED_W13) one packed copy of each w13 per process, not per runner: the jobs run several
+    # runners on the same weights (qualify's two runners, the timeline and inject runners)
     PACKED = PackedWeights()
     GRID_FROM_DEVICE = True
     MEASURED_GRID = True
@@ -143,22 +144,22 @@ class TritonRunner(Runner):
 
     @classmethod
     def blocks_for(cls, width: int, model: ModelSpec | None = None, tp: int = 1, hip: bool | None = None) -> int:
-        # FFNQ_TRITON_TUNE="G1=396": one width's grid, for development (3 CTAs per SM where that
-        # build's registers and shared memory allow it; the offline prewarm reads the same keys;
+        # FFNQ_TRITON_TUNE="GRID@1=396": one width's grid, for development (3 CTAs per SM where that
+        # build's registers and shared memory allow it; ffnq warm --target reads the same keys;
         # the grid barrier takes launches of any grids on one buffer)
         over = tune.read(width)
-        grid = over.get(f"G{width}")
+        grid = over.get("GRID")
         if grid:
             return grid
         hip = torch.version.hip is not None if hip is None else hip
         if model is None or hip or not cls.MEASURED_GRID:
             return cls.BLOCKS
-        cps = over.get("CPS", G.measured(model.name, tp, width).get("CPS", cls.CTAS_PER_SM))
+        cps = over.get("CTAS_PER_SM", G.measured(model.name, tp, width).get("CTAS_PER_SM", cls.CTAS_PER_SM))
         return cls.BLOCKS // cls.CTAS_PER_SM * cps
 
     @classmethod
     def with_grid(cls, blocks: int | None) -> type[TritonRunner]:
-        """This runner with ``blocks`` as every width's grid (development rounds)."""
+        """This runner with ``blocks`` as every width's grid (development)."""
         return cls._grid_class(blocks, measured=False) if blocks else cls
 
     @classmethod
@@ -168,11 +169,16 @@ class TritonRunner(Runner):
 
     @classmethod
     def flag_blocks(cls) -> int:
-        grids = [v for k, v in tune.read().items() if k[:1] == "G" and k[1:].isdigit()]
+        grids = tune.values("GRID")
         if cls.MEASURED_GRID:
-            cps = max([G.most_measured("CPS", cls.CTAS_PER_SM), *tune.values("CPS")])
+            cps = max([G.most_measured("CTAS_PER_SM", cls.CTAS_PER_SM), *tune.values("CTAS_PER_SM")])
             grids.append(cls.BLOCKS // cls.CTAS_PER_SM * cps)
         return max([cls.BLOCKS, *grids])
+
+    @classmethod
+    def check_build(cls) -> None:
+        tune.read()
+        G.measured_table()
 
     @classmethod
     def default_device(cls, local_rank: int) -> torch.device:
@@ -206,7 +212,7 @@ class TritonRunner(Runner):
         self._dummy = {}
         self._settled = SettledWeights()
         # the widths whose builds read weights before the PDL wait (a GPU stream to wait for)
-        self._early = {s for (s, _), cx in self._cx.items() if cx.get("EW") and cx.get("PDL")} \
+        self._early = {s for (s, _), cx in self._cx.items() if cx.get("EARLY_WEIGHTS") and cx.get("PDL")} \
             if self.device.type == "cuda" else set()
 
     def scratch_extra(self, key) -> list:
@@ -214,7 +220,7 @@ class TritonRunner(Runner):
 
     def _weights(self, w, s: int):
         """The weight tensors width ``s``'s kernel reads (a one-element stand-in where a mode has
-        none; PK: w13 packed)."""
+        none; PACKED_W13: w13 packed)."""
         def dummy(dtype):
             if dtype not in self._dummy:
                 self._dummy[dtype] = torch.zeros(16, dtype=dtype, device=self.device)
@@ -225,8 +231,8 @@ class TritonRunner(Runner):
             t = getattr(w, name)
             if self.experts is Experts.NONE or t.numel() == 0:
                 t = dummy(t.dtype)
-            elif name == "w13" and cx["PK"]:
-                t = self.PACKED.get(t, cx["BN"])
+            elif name == "w13" and cx["PACKED_W13"]:
+                t = self.PACKED.get(t, cx["UP_TILE"])
             out.append(t)
         return out
 
@@ -241,13 +247,12 @@ class TritonRunner(Runner):
             for stage in G.STAGES:
                 self._launch_stage(s, args, stage, final)
             return None
-        return K.ffn_kernel[(self.keys[s].blocks,)](*args, **cx, num_warps=self.NUM_WARPS, num_stages=2,
-                                                    **self._opts[(s, bool(final))])
+        return K.launch(self.keys[s].blocks, args, cx, self.NUM_WARPS, self._opts[(s, bool(final))])
 
     def _launch_stage(self, s, args, stage, final=False):
         """One part of the step (STAGE > 0, no grid barrier inside): the interpreter's path."""
         cx = dict(self._cx[(s, bool(final))], STAGE=stage)
-        K.ffn_kernel[(self.keys[s].blocks,)](*args, **cx, num_warps=self.NUM_WARPS)
+        K.launch(self.keys[s].blocks, args, cx, self.NUM_WARPS, num_stages=None)
 
     def staged(self, part, residual, weights, slots, final=False):
         """The step as a list of per-stage callables (for running several ranks of one process
@@ -312,7 +317,7 @@ class TritonRunner(Runner):
         return dict(self._info.get(width, {"kernel": kernel_name(self.keys[width]), "grid": self.keys[width].blocks}))
 
     def settle(self, s, weights) -> None:
-        """Before an EW build's launch on weights the stream was not waited for since they were
+        """Before an EARLY_WEIGHTS build's launch on weights the stream was not waited for since they were
         made (see SettledWeights). Not while a CUDA graph is captured: nothing runs then, and a
         replay comes after the work that made them (they are not taken as settled either)."""
         if s not in self._early or torch.cuda.is_current_stream_capturing():
