@@ -4,8 +4,8 @@ residency of every width.
 The compile goes through the same path as a launch: the JIT's own argument binder specialises
 stand-in CPU tensors (dtype, 16-byte alignment) exactly as it would the device tensors, so the
 ASTSource (signature, constexprs, attributes), the options and hence Triton's cache key are the
-ones a launch on that target builds. On a GPU machine this fills the cache in parallel before
-the runner's warm (``python -m ffnq.backends.triton.offline --prewarm ...``).
+ones a launch on that target builds: ``ffnq warm --target`` (warm_table) on a GPU machine fills
+the cache in parallel before the runner's warm.
 
 Resources: NVIDIA from the cubin through the cuobjdump bundled in the triton wheel (REG, SHARED,
 LOCAL) and ptxas -v on the PTX (spill bytes); AMD from the amdgcn text (.vgpr_count,
@@ -14,18 +14,14 @@ dynamic ``metadata.shared`` (plus the cubin's static SHARED on sm_90).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 from ffnq import residency
-from ffnq.backends.triton import tune
 from ffnq.spec import Experts, FfnBuild, ModelSpec, kernel_name, load_model, peer_layout, scratch_layout
 
 TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64)}
@@ -193,7 +189,7 @@ def warm_table(model: ModelSpec | str, tp: int, experts: Experts | str, target: 
     A job launches both (the last layer's step takes the handshake variant), so a width is as
     resident as the fewer CTAs per CU of the two; the row keeps the plain build's resources and
     names the handshake build's registers and spills where they differ (TP2's three tokens at a
-    grid of 198: 180 registers against 168, two CTAs per SM against three; device round 84)."""
+    grid of 198: 180 registers against 168, two CTAs per SM against three)."""
     rows = offline_table(model, tp, experts, target, widths, final="both")
     plain = {r["width"]: r for r in rows if not r.get("final")}
     for f in (r for r in rows if r.get("final")):
@@ -220,6 +216,14 @@ def offline_table(model: ModelSpec | str, tp: int, experts: Experts | str, targe
     """One row per width: width, kernel, compile_s, target, regs (sm_90) or vgpr/agpr/sgpr (AMD), spills,
     shared_bytes, ctas_per_cu, cus, grid, resident. Widths compile in parallel processes.
     ``final``: False (the plain variant), True (the handshake variant) or "both" (fills a cache)."""
+    from ffnq.backends.triton import geometry as G
+    from ffnq.backends.triton import tune
+    from ffnq.errors import UsageError
+    try:  # before any build: a bad override would otherwise fail in every compile job
+        tune.read()
+        G.measured_table()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     model = load_model(model) if isinstance(model, str) else model
     experts = Experts(experts)
     model.check(tp, experts)
@@ -233,51 +237,3 @@ def offline_table(model: ModelSpec | str, tp: int, experts: Experts | str, targe
     import multiprocessing as mp
     with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork")) as ex:
         return list(ex.map(_row_job, jobs_in))
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="AOT-compile the ffnq Triton kernel; print resources/residency")
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--experts", default="all")
-    ap.add_argument("--target", default="sm_90", help="sm_90, gfx942, gfx950 or a comma list")
-    ap.add_argument("--widths", default=None, help="e.g. 1,2,16 or 1-16 (default: all)")
-    ap.add_argument("--timeline", action="store_true")
-    ap.add_argument("--jobs", type=int, default=None)
-    ap.add_argument("--final", default="no", choices=["no", "yes", "both"],
-                    help="compile the plain variant, the final (handshake) one, or both (to fill a cache)")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--blocks", type=int, default=None, help="grid size (default: TritonRunner.blocks_for(width))")
-    ap.add_argument("--cus", type=int, default=None,
-                    help="SMs/CUs of the device to build for (default: the target's in ffnq.residency); on "
-                         "sm_90 also the grid, as a job on that device takes it (2 or 3 x SMs), unless --blocks")
-    a = ap.parse_args(argv)
-    try:  # before any build: a bad override would otherwise fail in every compile job
-        tune.read()
-    except ValueError as e:
-        ap.error(str(e))
-    from ffnq.launch import parse_widths
-    from ffnq.spec import load_model
-
-    widths = parse_widths(a.widths, load_model(a.model).max_tokens) if a.widths else None
-    rows = []
-    t0 = time.perf_counter()
-    for tg in a.target.split(","):
-        fin = {"no": False, "yes": True, "both": "both"}[a.final]
-        rows += offline_table(a.model, a.tp, a.experts, tg, widths, timeline=a.timeline, blocks=a.blocks,
-                             cus=a.cus, jobs=a.jobs, final=fin)
-    for r in rows:
-        regs = r.get("regs") if "regs" in r else (f"v{r.get('vgpr')}/a{r.get('agpr')}/s{r.get('sgpr')}"
-                                                  f" sgpr_spills={r.get('sgpr_spills')}")
-        print(f"{r['target']:7s} s={r['width']:2d}{' final' if r.get('final') else ''} {r.get('compile_s', '-'):>6}s regs={regs} spills={r.get('spills')} "
-              f"shared={r.get('shared_bytes')} ctas/cu={r.get('ctas_per_cu')} ({r.get('limit')}) x {r.get('cus')} "
-              f"grid={r['grid']} resident={r['resident']} {r.get('error', '')}")
-    print(f"total wall {time.perf_counter() - t0:.1f}s", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0 if all("error" not in r for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
