@@ -43,7 +43,7 @@ rank is skipped (the rank-wide marker is fault[epoch] == e). Grid barriers are a
 Time: s_memrealtime (100 MHz constant clock on gfx9) x 10 = ns; timeline stamps, inject delays
 and timeout_ns are all nanoseconds, so the runner converts nothing.
 
-Not done in this SIMT version (see notes/flydsl-backend.md): MFMA for the expert GEMMs and the
+Not done in this SIMT version (see docs/flydsl.md): MFMA for the expert GEMMs and the
 hardware fp8 converts (gfx942's v_cvt_pk_f32_fp8 reads FNUZ, not the checkpoints' e4m3fn).
 """
 
