@@ -42,7 +42,7 @@ def hbm_read_gbps(device: torch.device, mbytes: int = 512, warmup_ms: float = WA
     together several times the L2, so each read comes from HBM: the median of ``samples`` after
     ``warmup_ms`` of the same reads. On one H200, ten samples straight after the buffers were
     placed read 3.91 TB/s in 12 of 16 placements and 4.50 in the rest; after the warm-up, 4.50
-    in 8 of 8 (0.3% spread; scripts/floor_check.py --move, reports/logs/device-round-35.log).
+    in 8 of 8 (0.3% spread, buffers moved between samples).
     The bench had measured it cold: 3.89-4.43 TB/s between runs whose p50s moved under 1%."""
     props = torch.cuda.get_device_properties(device)
     l2 = getattr(props, "L2_cache_size", 64 << 20)

@@ -6,7 +6,7 @@
 
 Why: an H200 held at its 700 W limit lowers the SM clock, after ~0.6-0.8 s of this kernel at
 6-16 tokens, from 1980 MHz to as low as 960 (NVML reason: software power cap), and a launch then
-takes 5-25% longer (scripts/replay_spread.py, reports/20261204T004000-replay-spread-triton-tp1).
+takes 5-25% longer (graph replays timed back to back for 10 s, H200, 2026-12-04).
 A window timed across that edge has a p90 far over its p50, and two runs of one kernel differ by
 where their windows fell. The bench therefore idles before each timed burst (ffnq.timing) and
 records, per window, the SM clock and the share of polls during which a cap held the clocks down.

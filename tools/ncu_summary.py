@@ -1,7 +1,7 @@
-"""Summarise the SASS table of scripts/ncu_round.sh (ncu --page source --csv --print-source sass):
+"""Summarise the SASS table that `ncu --page source --csv --print-source sass` prints:
 the kernel's warp-stall mix, its hottest instructions, and per loop (a run of instructions with
 the same execution count above the kernel's entry count, i.e. a loop body) the SASS length, the
-share of samples and the stall mix. Usage: python scripts/ncu_summary.py w1-sass.csv [TOP]
+share of samples and the stall mix. Usage: python tools/ncu_summary.py w1-sass.csv [TOP]
 """
 import sys
 
