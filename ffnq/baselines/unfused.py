@@ -6,7 +6,9 @@
     y   = sum_k w_k * w2_k(silu(w1_k x) * w3_k x)   over this rank's (dequantized) shards
     out = all_reduce(y)
 
-What a stack without the fused kernel runs: two collectives and a dozen kernels per layer.
+The cpu backend's baseline (on a GPU bench runs ffnq.baselines.stock under this name): a loop
+over the chosen experts, whose torch.unique reads the route back to the host, so it cannot be
+captured in a CUDA graph, and runs a dozen torch ops per chosen expert (~100 a step at one token).
 Experts are dequantized once at build (bf16 on GPU, fp32 on cpu where bf16 matmuls are slow),
 so the baseline pays no dequant cost in the loop; it wins nothing from FP8.
 """
@@ -39,6 +41,12 @@ class Unfused:
         if self.n:
             self.w13 = dequant(w.w13, w.s13, spec.block, self.dtype)  # [E_r, 2*I_r, H]
             self.w2 = dequant(w.w2, w.s2, spec.block, self.dtype)  # [E_r, H, I_r]
+
+    @property
+    def describe(self) -> str:
+        ar = "no all-reduce" if self.tp == 1 else "NCCL all-reduce"
+        return (f"a plain PyTorch composition ({ar}, F.rms_norm, fp32 router + torch.topk, a loop over the chosen "
+                f"experts with {str(self.dtype).removeprefix('torch.')} matmuls), not a tuned stack")
 
     def chosen(self, width: int) -> torch.Tensor:
         """The experts of the last step, [s, k] int64 sorted, -1 on a padding row (as
