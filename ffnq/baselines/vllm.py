@@ -40,9 +40,11 @@ vLLM's code is not part of ffnq (third_party/extract_vllm.py extracts it, ignore
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
+import re
 from itertools import product
 from pathlib import Path
 
@@ -68,16 +70,20 @@ def vllm_dir() -> Path | None:
 
 def kernel_path() -> Path:
     """The fetched kernel file; a one-line UsageError when it is not there."""
-    p = os.environ.get(ENV) or (str(Path(os.environ[ENV_DIR]) / "fused_moe.py") if os.environ.get(ENV_DIR) else "")
+    via_dir = not os.environ.get(ENV) and os.environ.get(ENV_DIR)
+    p = str(Path(os.environ[ENV_DIR]) / "fused_moe.py") if via_dir else os.environ.get(ENV, "")
+    name = f"{ENV_DIR}/fused_moe.py" if via_dir else ENV
     if not p or not Path(p).is_file():
-        raise UsageError(f"--baselines vllm: {ENV}={p!r} is not a file; set {ENV_DIR} to the folder "
+        raise UsageError(f"--baselines vllm: {name}={p!r} is not a file; set {ENV_DIR} to the folder "
                          "third_party/extract_vllm.py writes (or FFNQ_VLLM_MOE to its fused_moe.py)")
     if "def fused_moe_kernel(" not in Path(p).read_text():
-        raise UsageError(f"--baselines vllm: {ENV}={p} holds no fused_moe_kernel")
+        raise UsageError(f"--baselines vllm: {name}={p} holds no fused_moe_kernel")
     return Path(p)
 
 
+@functools.lru_cache(maxsize=None)
 def _load(path: Path, name: str):
+    """One module object per file: every weight set's step shares the JIT'd kernels."""
     spec = importlib.util.spec_from_file_location(f"ffnq_vllm_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -85,14 +91,14 @@ def _load(path: Path, name: str):
 
 
 def load_kernel():
-    return _load(kernel_path(), "fused_moe_kernel")
+    return _load(kernel_path().resolve(), "fused_moe_kernel")
 
 
 def load_quant():
     """vLLM's _per_token_group_quant_fp8 from FFNQ_VLLM_DIR/fp8_quant.py, or None."""
     d = vllm_dir()
     p = d / "fp8_quant.py" if d else None
-    return _load(p, "_per_token_group_quant_fp8") if p and p.is_file() else None
+    return _load(p.resolve(), "_per_token_group_quant_fp8") if p and p.is_file() else None
 
 
 def release() -> str:
@@ -148,7 +154,10 @@ def search_space(block: int = 128, dedupe: bool = True) -> list[dict]:
 def sweep(time_us, widths, space: list[dict] | None = None) -> dict[int, tuple[dict, float]]:
     """benchmark_moe.py's tune loop: per width the config of ``space`` (default search_space())
     that ``time_us(width, config)`` (microseconds) finds fastest; configs that fail to compile
-    for lack of resources are skipped, as there. width -> (config, us)."""
+    for lack of resources are skipped, as there. width -> (config, us), for ``VllmMoe.adopt``.
+    A ``time_us`` for bench: ``moe.set_config(width, config, "trial")``, one eager step (it
+    compiles and makes the width's buffers), then the step (or ``moe.gemms(width)``) timed as
+    every variant is; benchmark_moe.py times the whole fused_experts call under a CUDA graph."""
     space = space or search_space()
     best = {}
     for s in widths:
@@ -250,7 +259,10 @@ class VllmMoe:
               "symm-mem one-shot all-reduce x2" if self.allreduce == "symm" else "NCCL all-reduce x2")
         naive = (f"naive block assignment while tokens*{self.spec.top_k}*{NAIVE_FACTOR} <= {self.n_align}, else "
                  if self.naive_ok else "")
-        cfgs = "; ".join(f"M={s} {self.config_name(s)}" for s in sorted(self.configs)) or self._config(1)[1]
+        # the sources without their per-width part (config_name(width) has each width's config)
+        srcs = sorted({re.sub(r"\(M=\d+\)|key \d+|, best at M=\d+ \([\d.]+ us\)", "", src).replace("  ", " ").strip()
+                       for _, src in (self.configs.values() or [self._config(1)])})
+        cfgs = " / ".join(srcs) + ", per width"
         return (f"{release()} fused_moe_kernel x2 (W8A8 FP8 block {self.spec.block}, routing weight in GEMM 2), "
                 f"{quant}, {naive}ffnq's one-launch align; ffnq Triton add+RMSNorm, sigmoid top-k, "
                 f"SiLU*up+quant, moe_sum; fp32 cuBLAS router; {ar}; config {cfgs}")
