@@ -18,7 +18,7 @@ from ffnq.baselines.stock import Stock
 from ffnq.baselines.unfused import Unfused
 from ffnq.errors import UsageError
 from ffnq.spec import Experts, load_model
-from ffnq.weights import FP8, RankWeights, shard, synthetic
+from ffnq.weights import FP8, RankWeights
 
 GLUE = Path(__file__).with_name("test_baselines_glue.py")
 
@@ -149,7 +149,7 @@ def test_default_config_is_vllms_block_fp8_default():
 
 def test_tuned_file_is_read_at_the_closest_batch_key(no_vllm_env, tmp_path):
     m = load_model("tiny")
-    w = shard(synthetic(m, seed=1), m, 2, 0, Experts.ALL)
+    w = fake_weights(m.experts, m.hidden, m.intermediate // 2)  # a TP2 rank's shard
     name = V.config_file_name(m.experts, m.intermediate // 2, "cpu", m.block)
     cfg = {k: {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
                "num_stages": 3} for k, bm in (("1", 16), ("4", 32), ("16", 64))}
@@ -224,8 +224,8 @@ def test_sweep_takes_the_fastest_per_width_and_skips_what_cannot_compile():
 
 
 def test_plain_pytorch_baselines_say_so_and_count_no_kernels_off_a_gpu():
-    m = load_model("tiny")
-    w = shard(synthetic(m, seed=2), m, 1, 0, Experts.ALL)
+    m = dataclasses.replace(load_model("tiny"), experts=8, intermediate=128)
+    w = fake_weights(8, m.hidden, 128)
     for b in (Unfused(w, m, 1, Experts.ALL, "cpu"), Stock(w, m, 1, Experts.ALL, "cpu")):
         assert b.describe.startswith("a plain PyTorch composition (no all-reduce") and "not a tuned stack" in b.describe
     assert kernels_per_step(lambda: None, "cpu") is None

@@ -203,7 +203,10 @@ def _moe_sum_kernel(c_ptr, ids_ptr, out_ptr, H, first, n_local, TOPK: tl.constex
 # ---- launches: one each; every shape is fixed by the width, so a CUDA graph captures them ----
 
 def add_rms_norm(part, residual, weight, eps, res_out, x, x32) -> None:
+    """Rows of ``part`` and ``residual`` (made contiguous: a no-op for the step's own tensors);
+    ``res_out`` may be ``part`` itself (each row is read whole before it is written)."""
     s, H = part.shape
+    part, residual = part.contiguous(), residual.contiguous()
     _add_rms_norm_kernel[(s,)](part, residual, weight, res_out, x, x32, H, eps, BLOCK=p2(H),
                                INTERP=interpreting(), num_warps=8 if H >= 2048 else 4)
 
