@@ -251,6 +251,22 @@ def test_step_with_stand_in_gemm_matches_reference(experts, tiny):
     assert "ffnq's 1x128 fp8 quant" in st.describe and "no all-reduce" in st.describe
 
 
+def test_step_nccl_path_in_a_one_rank_group(tiny):
+    """tp > 1 over NCCL: the seam's sum lands in res_out and is normalised in place, the MoE sum
+    is all-reduced in its buffer (a one-rank gloo group here: each all-reduce is the identity)."""
+    import torch.distributed as dist
+
+    m, full = tiny
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        st = V.VllmMoe(shard(full, m, 1, 0, Experts.ALL), m, 2, Experts.ALL, "cpu", allreduce="nccl",
+                       kernel=StandIn(), quant=None)
+        b = check_step(st, full, m, Experts.ALL, 5, 31)
+        assert "NCCL all-reduce x2" in st.describe and b.y.data_ptr() != b.res.data_ptr()
+    finally:
+        dist.destroy_process_group()
+
+
 def half_of(full, m, rank):
     """The reference of one LOCAL rank at TP2: its experts only (the others' weights zeroed)."""
     import copy

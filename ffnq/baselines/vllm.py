@@ -61,6 +61,7 @@ from ffnq.weights import FP8
 
 ENV, ENV_DIR, ENV_CONFIG = "FFNQ_VLLM_MOE", "FFNQ_VLLM_DIR", "FFNQ_VLLM_MOE_CONFIG"
 NAIVE_FACTOR = 4  # vLLM's SPARSITY_FACTOR: naive while tokens * top_k * 4 <= experts
+VARIANTS = {"vllm": "symm", "vllm-nccl": "nccl"}  # bench's baseline name -> VllmMoe(allreduce=...)
 
 
 def vllm_dir() -> Path | None:
