@@ -6,12 +6,13 @@ Exit 0 pass, 1 a case/threshold failed or a rank died, 2 bad input or a job that
 """
 from __future__ import annotations
 
-import shlex
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 try:  # typer >= 0.20 vendors click
     from typer._click.exceptions import ClickException
@@ -19,6 +20,9 @@ except ImportError:  # pragma: no cover
     from click import ClickException
 
 from ffnq.errors import Stopped, UsageError
+
+# Nothing heavier than typer is imported before a verb's body runs: `ffnq --help` and a flag typer
+# refuses (`ffnq qualify --bad`) answer without torch, pandas or matplotlib.
 
 # ---- options shared by the verbs, defined once ------------------------------------------------------
 JOB, OUT = "Job", "Output"
@@ -56,28 +60,60 @@ Rdzv = Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="torchrun -
                                              "(default: --standalone)", rich_help_panel="Launch")]
 
 
-def _writable(out: Path) -> Path:
-    """--out, checked before any job runs: a folder, or one that can be made in a writable one."""
+def _writable(out: str) -> Path:
+    """--out, checked before any job runs: a folder, or one that can be made in a writable one.
+    Typed as text here: an empty --out would otherwise arrive as Path('.') and write into the
+    working directory without a word."""
+    import errno
     import tempfile
 
-    if out.exists() and not out.is_dir():
-        raise typer.BadParameter(f"{str(out)!r} exists and is not a folder")
-    up = out.absolute()
+    if not out.strip():
+        raise typer.BadParameter(f"{out!r}: empty; give a folder for the reports, e.g. --out reports")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise typer.BadParameter(f"{out!r} exists and is not a folder; give a folder, e.g. --out reports")
+    up = path.absolute()
     while not up.exists():
         up = up.parent
     try:  # a real probe, removed at once (os.access says yes to root anywhere, /proc included)
         Path(tempfile.mkdtemp(prefix=".ffnq-probe-", dir=up)).rmdir()
     except OSError as e:
-        raise typer.BadParameter(f"{str(out)!r}: cannot write there ({up}: {e.strerror})") from None
-    return out
+        # a pseudo file system (/proc, /sys) answers "No such file or directory" to a mkdir: say
+        # what that means here rather than repeat it
+        why = "no folder can be made there" if e.errno == errno.ENOENT else (e.strerror or str(e)).lower()
+        raise typer.BadParameter(f"{out!r}: cannot write reports under {up} ({why}); give a folder you can "
+                                 "write, e.g. --out reports") from None
+    return path
 
 
-Out = Annotated[Path, typer.Option("--out", help="the reports folder", callback=_writable, rich_help_panel=OUT)]
+Out = Annotated[str, typer.Option("--out", metavar="DIR", help="the reports folder", callback=_writable, rich_help_panel=OUT)]
 Json = Annotated[bool, typer.Option("--json", help="tables as JSON lines on stdout", rich_help_panel=OUT)]
+
+
+def _flags_without_metavar(params: list) -> list:
+    """An on/off flag (--json, --help) takes no value: no `<bool>` beside it in the help."""
+    for p in params:
+        if getattr(p, "is_bool_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    def get_params(self, ctx):
+        return _flags_without_metavar(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    def get_params(self, ctx):
+        return _flags_without_metavar(super().get_params(ctx))
 
 
 class App(typer.Typer):
     """typer, with click's own usage errors (e.g. --tp abc) cut to one line, exit 2."""
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", Command)
+        return super().command(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
         try:
@@ -97,29 +133,50 @@ class App(typer.Typer):
         sys.exit(rc or 0)
 
 
-app = App(name="ffnq", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+app = App(name="ffnq", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, cls=Group,
           help="Qualify and benchmark a fused, persistent decode FFN kernel (MiniMax-M2 MoE) under "
                "tensor parallelism.")
 
 
-def _err(msg: str) -> None:
-    from ffnq.report import error_line
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
 
-    error_line(msg)
+        try:
+            v = version("ffnq")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            v = "unknown (not installed: pip install -e .)"
+        typer.echo(f"ffnq {v}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option("--version", help="print ffnq's version and exit",
+                                               callback=_version, is_eager=True)] = False) -> None:
+    pass
+
+
+def _err(msg: str) -> None:
+    """One red line on stderr (as report.error_line, without importing report's pandas)."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
 
 
 def _guard(fn):
     """Run a verb body: UsageError -> exit 2, LaunchError -> exit 1 (one line, no traceback)."""
-    from ffnq.launch import LaunchError
-
     try:
         return fn()
     except UsageError as e:
         _err(str(e))
         raise typer.Exit(2)
-    except LaunchError as e:
-        _err(str(e))
-        raise typer.Exit(1)
+    except Exception as e:
+        launch = sys.modules.get("ffnq.launch")  # only a launched job raises it: never imported before
+        if launch is not None and isinstance(e, launch.LaunchError):
+            _err(str(e))
+            raise typer.Exit(1)
+        raise
 
 
 def _run(verb: str, values: dict, out: Path, json_out: bool, judge) -> None:
@@ -139,9 +196,9 @@ def qualify(
     experts: ExpertsOpt = "all", widths: Widths = "all", timeout: Timeout = 1.0, seed: Seed = None,
     checkpoint: Checkpoint = None, checkpoint_layer: CheckpointLayer = None,
     inject_rank: Annotated[Optional[list[str]], typer.Option(
-        "--inject-rank", help="delay this rank under and over the timeout (repeatable, or all)",
+        "--inject-rank", metavar="RANK|all", help="delay this rank under and over the timeout (repeatable, or all)",
         rich_help_panel=JOB)] = None,
-    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
+    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = "reports",
     json_out: Json = False,
 ):
     """Correctness against the fp64 reference, padding, epochs, injected faults and recovery.
@@ -167,12 +224,12 @@ def bench(
                                             "(0: one window)", rich_help_panel=JOB)] = 250.0,
     idle_ms: Annotated[float, typer.Option("--idle-ms", help="GPU idle before each timed burst (ms)",
                                            rich_help_panel=JOB)] = 250.0,
-    baselines: Annotated[str, typer.Option(help="auto (cpu: unfused; GPU: unfused = NCCL + torch._grouped_mm "
-                                           "composition and, at tp > 1, stock = the same with the symm-mem "
+    baselines: Annotated[str, typer.Option(help="auto (cpu: unfused; GPU: unfused = a plain PyTorch composition "
+                                           "with NCCL and, at tp > 1, stock = the same with the symm-mem "
                                            "one-shot all-reduce), none, or a list of unfused, stock, "
-                                           "stock-nccl, stock-symm, vllm (the NCCL composition with vLLM's "
-                                           "fused_moe kernel for the experts; FFNQ_VLLM_MOE names a fetched "
-                                           "copy of it)",
+                                           "stock-nccl, stock-symm, vllm (vLLM's own decode step: its "
+                                           "fused_moe kernel, quant and tuned config, symm-mem one-shot "
+                                           "all-reduces; FFNQ_VLLM_DIR names a fetched vLLM tree), vllm-nccl",
                                            rich_help_panel=JOB)] = "auto",
     routing: Annotated[str, typer.Option(help="the synthetic router: uniform (the experts a width touches as "
                                          "under independent uniform routing, as decode traffic: 8 / 15.8 / 30.5 "
@@ -181,7 +238,7 @@ def bench(
     phase_split: Annotated[bool, typer.Option("--phase-split", help="also time the kernel with --experts none: "
                                               "none_p50_us (seam + router + reduce) and experts_us = p50 - that",
                                               rich_help_panel=JOB)] = False,
-    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
+    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = "reports",
     json_out: Json = False,
 ):
     """Per-width latency (p50/p90/p99 us), per-rank skew, the baselines and (on a GPU) the floor."""
@@ -207,7 +264,7 @@ def soak(
                                                      rich_help_panel=JOB)] = None,
     at_step: Annotated[Optional[int], typer.Option(help="the step of --kill-rank/--hang-rank",
                                                    rich_help_panel=JOB)] = None,
-    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
+    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = "reports",
     json_out: Json = False,
 ):
     """Many random steps (width, padding, final, runner), every one checked; optional chaos.
@@ -226,7 +283,7 @@ def soak(
 def compare(
     base: Annotated[Path, typer.Argument(help="the saved run to compare against (report folder or its results.json)")],
     new: Annotated[Path, typer.Argument(help="the run under judgement")],
-    out: Out = Path("reports"), json_out: Json = False,
+    out: Out = "reports", json_out: Json = False,
 ):
     """Per width p50/p99 deltas against each run's noise band; changed cases and residency.
 
@@ -243,7 +300,7 @@ def warm(
     checkpoint: Checkpoint = None, checkpoint_layer: CheckpointLayer = None,
     target: Annotated[Optional[str], typer.Option(help="offline residency for sm_90, gfx942 or gfx950 "
                                                   "(no GPU needed)", rich_help_panel=JOB)] = None,
-    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = Path("reports"),
+    deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = "reports",
     json_out: Json = False,
 ):
     """Compile every width: kernel, compile_s, resources, CTAs per CU, grid, resident."""
@@ -274,16 +331,27 @@ def warm(
 @app.command()
 def gate(
     config: Annotated[str, typer.Argument(help="a gate config, e.g. configs/gates/cpu-tp2.toml")],
-    out: Out = Path("reports"), json_out: Json = False,
+    out: Out = "reports", json_out: Json = False,
 ):
     """Run what a gate config names, compare with its thresholds, write junit.xml + summary.md.
 
     Exit 0 pass, 1 fail, 2 could not run.
     """
-    from ffnq.gate import run_gate
+    def body():
+        from ffnq.gate import run_gate
+
+        try:
+            return run_gate(config, out, json_out)
+        except UsageError as e:  # a job's option the config set, refused by the verb's own check
+            if config in str(e):
+                raise
+            # the verb's advice ("use --backend cpu") is a flag's; a gate's values are the config's
+            msg = re.sub(r" \(use --[^)]*\)$", "", str(e))
+            raise UsageError(f"gate config {config} asks for {msg}; run it on a host that has what its jobs "
+                             "need, or pick another config (configs/gates/)") from None
 
     try:
-        rc = _guard(lambda: run_gate(config, out, json_out))
+        rc = _guard(body)
     except typer.Exit as e:  # a job that could not run is exit 2 for a gate, not 1
         rc = 2 if e.exit_code else 0
     raise typer.Exit(rc)

@@ -58,11 +58,26 @@ BAD = [
     (["bench", "--checkpoint", "/nonexistent/ck"], "checkpoint /nonexistent/ck: no .safetensors file there"),
     (["warm", "--target", "sm_90", "--checkpoint", "ck"], "--target sm_90: an offline compile launches no job; "
                                                            "--checkpoint"),
+    (["gate", "configs/gates/h200-tp1.toml"], "gate config configs/gates/h200-tp1.toml asks for --backend triton: "
+                                             "needs a GPU and this host has none; run it on a host"),
+    (["qualify", "--runner", "broken_runners:Raises"], "runner 'broken_runners:Raises': importing broken_runners "
+                                                      "failed: RuntimeError: no driver here; fix the module"),
+    (["qualify", "--runner", "broken_syntax:Runner"], "importing broken_syntax failed: SyntaxError"),
+    (["qualify", "--runner", "json:JSONDecoder"], "json:JSONDecoder is not a runner class (a subclass of "
+                                                  "ffnq.runner.Runner, or a class of the original contract"),
 ]
 
 
+@pytest.fixture
+def broken_modules(tmp_path, monkeypatch):
+    """Plug-in modules that fail at import: one raises, one is not Python."""
+    (tmp_path / "broken_runners.py").write_text("raise RuntimeError('no driver here')\n")
+    (tmp_path / "broken_syntax.py").write_text("class Runner(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
 @pytest.mark.parametrize("args, message", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
+def test_bad_input_exits_2_with_one_line(tmp_path, args, message, broken_modules):
     out = tmp_path / "reports"
     r = runner.invoke(app, [*args, "--out", str(out)])
     assert r.exit_code == 2, r.output
@@ -87,6 +102,47 @@ def test_an_unwritable_out_is_refused_before_any_job(tmp_path, verb, where):
     err = r.stderr.strip()
     assert "--out" in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_an_empty_out_writes_nothing_in_the_working_directory(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ffnq.cli", "warm", "--backend", "cpu", "--widths", "1", "--out", ""],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "--out" in r.stderr and "empty" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_under_proc_says_what_is_wrong_and_what_to_do():
+    r = ffnq("warm", "--out", "/proc/forbidden")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "cannot write reports under /proc (no folder can be made there); give a folder you can write" in r.stderr
+    assert "No such file or directory" not in r.stderr
+
+
+def test_version_and_help_without_a_bool_metavar():
+    from importlib.metadata import version
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"ffnq {version('ffnq')}"
+    for args in (["--help"], ["qualify", "--help"], ["bench", "--help"], ["soak", "--help"], ["gate", "--help"]):
+        r = runner.invoke(app, args, env={"COLUMNS": "160"})
+        assert r.exit_code == 0 and "--help" in r.output and "<bool>" not in r.output, args
+
+
+def test_the_cli_starts_without_torch_pandas_or_matplotlib():
+    """`ffnq --help` and a flag typer refuses import typer only (the rest loads in a verb's body):
+    run with those modules made unimportable."""
+    import subprocess
+    import sys
+
+    block = "import sys; [sys.modules.__setitem__(m, None) for m in ('torch', 'pandas', 'matplotlib', 'numpy')]; "
+    for args, rc, text in ((["--help"], 0, "Usage"), (["qualify", "--bad"], 2, "No such option: --bad"),
+                           (["--version"], 0, "ffnq ")):
+        r = subprocess.run([sys.executable, "-c", block + f"from ffnq.cli import app; app({args!r})"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == rc and text in r.stdout + r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
 
 
 def test_bad_type_is_one_line_through_the_console_script(tmp_path):
