@@ -12,9 +12,15 @@ def kernels_per_step(fn, device) -> int | None:
     """GPU kernels launched by one ``fn()`` (after one warm-up call that compiles what it must),
     counted by torch.profiler's CUDA activity; memcpy and memset are not kernels. None off a GPU.
     Collective where ``fn`` is (every rank calls it)."""
+    return profile_step(fn, device)[0]
+
+
+def profile_step(fn, device, apart: str | None = None) -> tuple[int | None, float | None]:
+    """(kernels one ``fn()`` launches, the profiled device time of those whose name does not
+    hold ``apart``, us): a step's glue beside its GEMMs. (None, None) off a GPU."""
     dev = torch.device(device)
     if dev.type != "cuda":
-        return None
+        return None, None
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -23,5 +29,5 @@ def kernels_per_step(fn, device) -> int | None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize(dev)
-    return sum(1 for e in prof.events()
-               if e.device_type == DeviceType.CUDA and not e.name.startswith(NOT_KERNELS))
+    ks = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(NOT_KERNELS)]
+    return len(ks), float(sum(e.device_time_total for e in ks if not apart or apart not in e.name))

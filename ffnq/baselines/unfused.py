@@ -44,7 +44,7 @@ class Unfused:
 
     @property
     def describe(self) -> str:
-        ar = "no all-reduce" if self.tp == 1 else "NCCL all-reduce"
+        ar = "no all-reduce" if self.tp == 1 else f"{dist.get_backend()} all-reduce"
         return (f"a plain PyTorch composition ({ar}, F.rms_norm, fp32 router + torch.topk, a loop over the chosen "
                 f"experts with {str(self.dtype).removeprefix('torch.')} matmuls), not a tuned stack")
 

@@ -16,16 +16,17 @@ from __future__ import annotations
 import math
 import statistics
 
+from dataclasses import dataclass, field
+
 import pandas as pd
 import torch
 
-from dataclasses import dataclass, field
-
 from ffnq import reference
-from ffnq.baselines.unfused import Unfused
 from ffnq.dist import barrier
 from ffnq.errors import UsageError
 from ffnq.gpu_clocks import ClockWatch
+from ffnq.jobs import bench_baselines
+from ffnq.jobs.bench_baselines import BASELINE_REL_ERR, BASELINES, REL_ERR_OF
 from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, main, max_over_ranks
 from ffnq.options import JobOptions
@@ -36,7 +37,6 @@ CASE = 50_000  # input case ids of bench (qualify uses small ones)
 # a bench's seed when none is given (`ffnq bench`, a gate's bench job): one workload, so two runs
 # (compare, a gate's base) read the same experts; the checks (qualify, soak) draw a fresh one
 BENCH_SEED = 0
-BASELINES = ("unfused", "stock", "stock-nccl", "stock-symm", "vllm")
 ROTATE_SETS_GPU = 4  # weight sets one timed graph walks through: 4 x 57 MB at s=1, TP2 >> a 60 MB L2
 MAX_WINDOW_MS = 10_000  # a bench burst or idle longer than this is a typo, not a method
 MAX_LAYERS, MAX_REP_MS, MAX_WARMUP_MS = 256, 600_000.0, 60_000.0  # ten minutes per variant
@@ -76,16 +76,16 @@ class BenchOptions(JobOptions):
         bad = [b for b in self.baselines if b not in BASELINES]
         if bad:
             raise UsageError(f"--baselines {bad[0]!r}: allowed auto, none, or a list of {', '.join(BASELINES)}")
-        if "vllm" in self.baselines:
+        for b in [b for b in self.baselines if b.startswith("vllm")]:
             if not self.gpu:
-                raise UsageError("--baselines vllm: needs a GPU backend (vLLM's fused_moe is a Triton GPU kernel)")
+                raise UsageError(f"--baselines {b}: needs a GPU backend (vLLM's fused_moe is a Triton GPU kernel)")
             from ffnq.baselines.vllm import kernel_path
 
             kernel_path()  # a one-line error before any rank starts when the fetched copy is missing
         for b in ("stock", "stock-symm"):
             if b in self.baselines and (self.tp < 2 or not self.gpu):
                 raise UsageError(f"--baselines {b}: needs a GPU backend and --tp >= 2 (symmetric memory)")
-        if any(b.startswith("stock") or b == "vllm" for b in self.baselines) and self.experts == "none":
+        if any(b.startswith(("stock", "vllm")) for b in self.baselines) and self.experts == "none":
             raise UsageError("--baselines stock*/vllm: the composition needs --experts all or local")
         if not 1 <= self.layers <= MAX_LAYERS:
             raise UsageError(f"--layers {self.layers}: allowed 1..{MAX_LAYERS}")
@@ -109,11 +109,6 @@ def body(opts: dict, rec: Records) -> None:
     finally:
         barrier()
         job.close()
-
-
-BASELINE_REL_ERR = 3e-2  # stock parts run bf16 experts: ~1e-2 of rounding at worst
-# vLLM's block-FP8 kernel quantizes the activations to e4m3 too (W8A8): ~3% against fp64
-REL_ERR_OF = {"vllm": 8e-2}
 
 
 def weight_sets(job, layers: list[int]):
@@ -201,35 +196,6 @@ def set_layers(job) -> list[int]:
     return [held[(at + k) % len(held)] for k in range(ROTATE_SETS_GPU)]
 
 
-def baselines(job, names: list[str], sets: list) -> list[tuple[str, list]]:
-    """The baselines to time beside the fused step, one callable per weight set.
-    [] or ["auto"]: on cpu the unfused loop; on a GPU (b) ``unfused``, the composition a PyTorch
-    user writes (NCCL all-reduce, rms_norm, fp32 router, torch._grouped_mm over bf16 experts,
-    NCCL all-reduce) and, at tp > 1, (c) ``stock``: the same with torch.ops.symm_mem's one-shot
-    all-reduce in place of NCCL. Asked for by name only: (d) ``vllm``, (b) with vLLM's Triton
-    fused_moe kernel for the experts (FP8 weights as stored; ffnq.baselines.vllm)."""
-    from ffnq.baselines.stock import Stock
-
-    cuda = job.device.type == "cuda"
-    if not names or names == ["auto"]:
-        names = (["unfused"] + (["stock"] if job.tp > 1 else [])) if cuda else ["unfused"]
-    out = []
-    for n in names:
-        if job.experts is Experts.NONE and (cuda or n != "unfused"):
-            continue
-        if n == "unfused" and not cuda:
-            out.append((n, [Unfused(w, job.model, job.tp, job.experts, job.device) for w in sets]))
-        elif n in ("unfused", "stock", "stock-nccl", "stock-symm"):
-            ar = "symm" if n in ("stock", "stock-symm") else "nccl"
-            out.append((n, [Stock(w, job.model, job.tp, job.experts, job.device, allreduce=ar) for w in sets]))
-        elif n == "vllm":  # (d): (b) with vLLM's fused_moe kernel for the experts (a fetched copy)
-            from ffnq.baselines.vllm import VllmMoe, load_kernel
-
-            kernel = load_kernel()
-            out.append((n, [VllmMoe(w, job.model, job.tp, job.experts, job.device, kernel=kernel) for w in sets]))
-    return out
-
-
 def floor_terms(job) -> tuple[float, float] | None:
     """(HBM read GB/s, one-shot link us) measured on this GPU; None off a GPU (collective)."""
     if job.device.type != "cuda":
@@ -299,7 +265,17 @@ def run(job, opts: dict, rec: Records) -> None:
     sets_of = f" (checkpoint layers {', '.join(map(str, layers))})" if layers and len(sets) > 1 else ""
     variants = [("fused", [fused] * len(sets))]
     if opts["baseline"]:
-        variants += baselines(job, opts.get("baselines") or [], sets)
+        variants += bench_baselines.make(job, opts.get("baselines") or [], sets)
+        if job.rank == 0:
+            for name, what in bench_baselines.described(variants).items():
+                rec.row("baselines", {"baseline": name, "what": what})
+
+    def step_of(r, s):  # one step of r at width s on the first weight set
+        return lambda: step_on(r, inputs[s], job.rank, sets[0], L)
+
+    tuned = bench_baselines.tune_vllm(job, variants, step_of, widths, rec)
+    if tuned and job.rank == 0:
+        rec.row("baselines", {"baseline": "vllm configs", "what": tuned})
     if opts.get("phase_split") and job.experts is not Experts.NONE:
         none = job.runner(widths, experts=Experts.NONE)  # same peer buffer: shares the epoch
         none.warm(job.weights, job.compute_units())
@@ -361,6 +337,8 @@ def run(job, opts: dict, rec: Records) -> None:
                                            if per > 1 else "")
                              + (f", bursts of {burst} steps after {idle_ms:g} ms idle" if idle_ms else ""))
             row |= watch.summary()
+            if graph:  # what the step is made of: its launches, and (d)'s GEMMs alone
+                row |= bench_baselines.extras(job, name, rs, sets, s, step_of)
             if name == "fused":
                 faulted = fused.fault(s)
                 if faulted:
@@ -373,6 +351,21 @@ def run(job, opts: dict, rec: Records) -> None:
                                          if nbad else "another rank's timed outputs differ from its checked step's")
             rec.row("latency", row | quantiles_us(samples))
     rec.progress(total, total, "done")
+
+
+def _parts(b: pd.DataFrame, key: str) -> dict:
+    """A baseline's decomposition at one width (slowest rank): kernels a step launches and, for
+    (d), its GEMMs alone, its other kernels' profiled time, their sum (what its p50 should be
+    near: a p50 far above it is host or launch overhead the composition carries) and its config."""
+    out = {}
+    if "kernels_per_step" in b and b.kernels_per_step.notna().any():
+        out[f"{key}_kernels"] = int(b.kernels_per_step.max())
+    if "kernel_us" in b and b.kernel_us.notna().any():
+        out[f"{key}_kernel_us"] = b.kernel_us.max()
+        out[f"{key}_glue_us"] = b.glue_us.max()
+        out[f"{key}_parts_us"] = out[f"{key}_kernel_us"] + out[f"{key}_glue_us"]
+        out[f"{key}_config"] = b.config.dropna().iloc[0] if b.config.notna().any() else None
+    return out
 
 
 def all_ranks_ok(ok: bool) -> bool:
@@ -391,6 +384,8 @@ def summarize(lat: pd.DataFrame) -> pd.DataFrame:
         if "p50_us" in f and f.p50_us.notna().any():
             row |= {"p50_us": f.p50_us.max(), "p90_us": f.p90_us.max(), "p99_us": f.p99_us.max(),
                     "skew_us": f.p50_us.max() - f.p50_us.min(), "steps": int(f.steps.min())}
+            if "kernels_per_step" in f and f.kernels_per_step.notna().any():
+                row["kernels_per_step"] = int(f.kernels_per_step.max())
         for v in dict.fromkeys(g.variant):
             b = g[g.variant == v]
             if v == "fused" or "p50_us" not in b or not b.p50_us.notna().any():
@@ -399,12 +394,15 @@ def summarize(lat: pd.DataFrame) -> pd.DataFrame:
             row[f"{key}_p50_us"] = b.p50_us.max()
             # its own spread, so that compare judges a baseline's delta against its noise too
             row[f"{key}_p90_us"], row[f"{key}_steps"] = b.p90_us.max(), int(b.steps.min())
+            row |= _parts(b, key)
             if v == "none":  # the phase split: the same kernel without expert work
                 if "p50_us" in row:
                     row["experts_us"] = row["p50_us"] - row["none_p50_us"]
                 continue
             if "p50_us" in row:
                 row[f"speedup_{key}"] = row[f"{key}_p50_us"] / row["p50_us"]
+                if f"{key}_kernel_us" in row:  # over the GEMMs alone: the best a vLLM user could get
+                    row[f"speedup_{key}_kernel"] = row[f"{key}_kernel_us"] / row["p50_us"]
         if "sm_mhz" in f and f.sm_mhz.notna().any():  # the slowest rank's clock; a cap in any variant
             row["sm_mhz"] = f.sm_mhz.min()
             row["capped_pct"] = g.capped_pct.max()
