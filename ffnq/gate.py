@@ -16,6 +16,7 @@ A config (configs/gates/*.toml):
     p50_us_max = 2000         # every bench width; or a table { "1" = 500, "16" = 2000 }
     speedup_unfused_min = 1.0 # bench p50 beats the unfused baseline by at least this factor
     speedup_stock_min = 1.0   # likewise for the stock composition (GPU)
+    speedup_vllm_min = 1.0    # likewise for vLLM's decode step (a bench job with baselines = "...,vllm")
     max_slower_pct = 5        # relative: no width's p50 more than 5% slower than [compare]'s
                               # report, beyond the noise band (ffnq.compare)
     no_new_fail = true        # relative: no qualify case PASS in [compare]'s report, FAIL now
@@ -47,7 +48,7 @@ OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout
                "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint", "routing",
                "checkpoint", "checkpoint_layer"}
 THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
-              "speedup_stock_nccl_min", "speedup_stock_symm_min",
+              "speedup_stock_nccl_min", "speedup_stock_symm_min", "speedup_vllm_min", "speedup_vllm_nccl_min",
               "max_slower_pct", "no_new_fail"}
 SWITCHES = {"resident": "warm", "qualify_all_pass": "qualify", "no_new_fail": None}  # true / false
 
@@ -327,7 +328,7 @@ def checks(verb: str, table: pd.DataFrame, th: dict, report: str) -> list[dict]:
                 p50 = r.get("p50_us")
                 add(f"p50 w={int(r.width)}", p50 == p50 and p50 is not None and p50 <= float(lim),
                     f"{p50:.1f} us" if p50 == p50 else f"not timed ({r.get('check')})", f"<= {float(lim):g} us")
-        for base in ("unfused", "stock", "stock_nccl", "stock_symm"):
+        for base in ("unfused", "stock", "stock_nccl", "stock_symm", "vllm", "vllm_nccl"):
             lo = th.get(f"speedup_{base}_min")
             if lo is None:
                 continue
