@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # rank bodies must import by name in spawned ranks
+sys.path.insert(1, str(Path(__file__).parent.parent))  # and examples/ as the README runs them (PYTHONPATH=.)
 
 
 @pytest.fixture(scope="session", autouse=True)
