@@ -4,15 +4,16 @@ Latency (bench reports): per width, the fused p50 and p99 and every baseline's p
 judged against a noise band built from each run's own repeated samples: the standard error of
 a run's median is about 0.98 (p90 - p50) / sqrt(steps) (the normal approximation of the
 median's spread, with (p90 - p50) / 1.28 estimating the sample spread), the p99's three times
-that; band = 3 x sqrt(se_base^2 + se_new^2), but never under RUN_TO_RUN_PCT of the base: two runs
-of one kernel on two lent 2xH200 machines (reports/, rounds 2 and 3) differed by 0.6 to 1.4% at
-every width while each run's own band was under 0.12%. Verdict: ``faster`` / ``slower`` beyond the band,
+that; band = 3 x sqrt(se_base^2 + se_new^2), but never under 2% of the base (RUN_TO_RUN_PCT):
+two runs of one kernel on two machines of one GPU model differ by about 1% at every width
+while each run's own band is far narrower, a spread that one run's samples cannot show.
+Verdict: ``faster`` / ``slower`` beyond the band,
 else ``same``. Where both reports carry the fused step's SM clock (NVML, ffnq.gpu_clocks), a
 ``clock`` row per width says whether it moved by more than CLOCK_PCT: an H200 at its power cap
 ran this kernel at 960-1965 MHz, and a latency delta beside a clock delta is the machine's.
 Likewise a ``workload`` row per width where both carry the experts a step touched: two runs of
 other seeds route their tokens to other experts, and at TP1's 12 tokens 54.8 against 60.2 experts
-moved the p50 by 9% (dev round 116); a latency delta beside a changed workload is the inputs'.
+moved the p50 by 9% (H200, 2026-12-05); a latency delta beside a changed workload is the inputs'.
 A width timed in one report only is a ``new`` or ``gone`` row (a gate fails a gone one: the base's
 width no longer judged). Qualify reports: a case that changed status (``regressed`` PASS -> FAIL,
 ``fixed``, ``new``, ``gone``). Warm reports: a width whose residency or CTAs per CU changed.
@@ -211,20 +212,23 @@ def counts(table: pd.DataFrame) -> str:
 
 
 def plot(base: pd.DataFrame, new: pd.DataFrame, path: Path, labels: tuple[str, str]) -> None:
+    """p50 (and p99) against width for both runs; the legend beside the axes, never over a curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(9, 4))
     for t, label, style in ((base, labels[0], "o--"), (new, labels[1], "s-")):
         ax.plot(t.width, t.p50_us, style, label=f"{label} p50")
         if "p99_us" in t:
             ax.plot(t.width, t.p99_us, style, alpha=0.4, label=f"{label} p99")
+    widths = sorted(set(base.width.dropna().astype(int)) | set(new.width.dropna().astype(int)))
+    ax.set_xticks(widths)
     ax.set_xlabel("width (tokens)")
     ax.set_ylabel("latency per step (us)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

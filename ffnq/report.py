@@ -139,9 +139,9 @@ def markdown(df: pd.DataFrame, columns: list[str] | None = None) -> str:
 
 # ---- files -----------------------------------------------------------------------------------------
 
-# environment that changes what runs: a development override of the Triton build, and the fetched
-# vLLM kernel and its launch config of baseline (d)
-RUN_ENV = ("FFNQ_TRITON_TUNE", "FFNQ_VLLM_MOE", "FFNQ_VLLM_MOE_CONFIG")
+# environment that changes what runs: a development override of the Triton build, the fetched
+# vLLM kernel and its launch config of baseline (d), and a plug-in runner's region names
+RUN_ENV = ("FFNQ_TRITON_TUNE", "FFNQ_VLLM_MOE", "FFNQ_VLLM_MOE_CONFIG", "FFNQ_RUNNER_MAP")
 
 
 def command_line(argv: list[str]) -> str:
@@ -165,11 +165,24 @@ def git_commit() -> str:
         return "unknown"
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else what platform knows; "" if neither says)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_info() -> dict:
     import torch
 
     info = {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cpus": os.cpu_count(), "cpu_model": cpu_model(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "hip": getattr(torch.version, "hip", None), "gpus": []}
     for mod in ("triton", "flydsl"):
         try:
@@ -234,12 +247,16 @@ def summary_md(job, verdict, meta, results, tables, notes, has_timeline) -> str:
     m = meta.get("machine", {})
     lines = [f"# ffnq {job}: {verdict}", "",
              f"- command: `{meta.get('command', '')}`", f"- git commit: `{meta.get('git_commit', '')}`",
-             f"- machine: {m.get('host')}, {m.get('cpus')} cpus, torch {m.get('torch')}, "
+             f"- machine: {m.get('host')}, {m.get('cpus')} cpus ({m.get('cpu_model') or 'model unknown'}), "
+             f"torch {m.get('torch')}, "
              f"gpus: {', '.join(g['name'] for g in m.get('gpus', [])) or 'none'}",
              f"- config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if k != "result_dir"), ""]
     lines += [f"## {job}", "", markdown(results), ""]
     for name, df in tables.items():
         lines += [f"## {name}", "", markdown(df), ""]
+    if job == "bench" and not has_timeline:
+        lines += ["## timeline", "", "none: bench times whole steps and records no per-CTA stamps, so this "
+                  "folder has no timeline.csv or trace.json (qualify's timeline cases write them).", ""]
     if has_timeline:
         lines += ["## clocks", "", CLOCK_NOTE, "", "timeline.csv holds every stamp; trace.json opens in "
                   "Perfetto (ui.perfetto.dev): a process per rank, a thread per CTA.", ""]
@@ -261,13 +278,14 @@ def plot_latency(results: pd.DataFrame, path: Path, cfg: dict) -> None:
             ax.plot(results.width, results[col], style, label=label)
     if "p90_us" in results:
         ax.fill_between(results.width, results.p50_us, results.p90_us, alpha=0.2, label="fused p50..p90")
+    ax.set_xticks(sorted(int(w) for w in results.width.dropna().unique()))  # the widths run, no 2.5
     ax.set_xlabel("width (tokens)")
     ax.set_ylabel("latency per step (us)")
     ax.set_title(f"{cfg.get('backend')} tp{cfg.get('tp')} {cfg.get('model')} layers={cfg.get('layers', 1)}")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -50,7 +50,7 @@ def test_a_clock_row_says_when_the_sm_clocks_differ():
 
 def test_a_workload_row_says_when_the_steps_read_other_experts(monkeypatch):
     """Runs of two seeds route to other experts (TP1 at 12 tokens: 54.8 against 60.2, the p50 9%
-    apart, dev round 116): compare says so per width, and the relative gate judges no p50 of a
+    apart on an H200): compare says so per width, and the relative gate judges no p50 of a
     width whose workload changed (SKIP, naming both counts), only those whose workload held."""
     from ffnq import compare as cmp
     from ffnq.gate import relative_checks
@@ -290,3 +290,18 @@ def test_a_baseline_s_delta_is_judged_against_its_own_noise():
     tight = base.assign(unfused_p90_us=1001.0, unfused_steps=500)
     row = [r for r in latency_rows(tight, tight.assign(unfused_p50_us=700.0)) if r["metric"] == "unfused_p50_us"][0]
     assert row["verdict"] == "faster"
+
+
+def test_the_compare_plot_keeps_its_legend_off_the_curves_and_ticks_the_widths(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from ffnq import compare as cmp
+
+    figs = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    base = pd.DataFrame({"width": [1, 2, 8], "p50_us": [10.0, 11.0, 15.0], "p99_us": [12.0, 13.0, 18.0]})
+    cmp.plot(base, base.assign(p50_us=[9.0, 10.0, 14.0]), tmp_path / "latency.png", ("base", "new"))
+    ax = figs[0].axes[0]
+    assert list(ax.get_xticks()) == [1, 2, 8]
+    assert ax.get_legend().get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1
+    assert "lent" not in cmp.__doc__ and "rounds" not in cmp.__doc__  # the band's note is the reader's, not ours

@@ -105,12 +105,12 @@ def test_show_table_json_and_markdown(capsys):
 
 
 def test_command_line_names_the_environment_that_changes_the_build(monkeypatch):
-    """The scripts' reports (scripts/tp2_one_gpu.py) show an override of the Triton build as the
-    CLI's do: a check made under FFNQ_TRITON_TUNE must not read as the default build's."""
+    """A report shows an override of the Triton build in its command: a check made under
+    FFNQ_TRITON_TUNE must not read as the default build's."""
     for k in report.RUN_ENV:
         monkeypatch.delenv(k, raising=False)
-    assert report.command_line(["python", "scripts/tp2_one_gpu.py", "--out", "a b"]) == \
-        "python scripts/tp2_one_gpu.py --out 'a b'"
+    assert report.command_line(["python", "tools/ptx_signature.py", "--out", "a b"]) == \
+        "python tools/ptx_signature.py --out 'a b'"
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "EW=1,DQ@4=1")
     assert report.command_line(["python", "x.py"]) == "FFNQ_TRITON_TUNE=EW=1,DQ@4=1 python x.py"
 
@@ -146,3 +146,31 @@ def test_show_table_takes_cells_that_are_lists_or_dicts(capsys):
     show_table(pd.DataFrame({"width": [1, 2], "detail": [{"a": 1}, [1, 2]]}), title="t")
     out = capsys.readouterr().out
     assert "{'a': 1}" in out and "[1, 2]" in out
+
+
+def test_machine_info_names_the_cpu_model():
+    m = report.machine_info()
+    assert isinstance(m["cpu_model"], str) and m["cpu_model"]
+
+
+def test_a_bench_report_says_it_has_no_timeline(tmp_path):
+    lat = pd.DataFrame({"width": [1, 2, 4, 16], "p50_us": [10.0, 11.0, 12.0, 20.0], "p90_us": [11.0, 12.0, 13.0, 22.0],
+                        "unfused_p50_us": [20.0, 21.0, 22.0, 30.0], "check": ["OK"] * 4})
+    path = write_report(tmp_path, "bench", "cpu", 2, lat, meta={"config": {"backend": "cpu", "tp": 2}},
+                        verdict="4 widths: OK")
+    text = (path / "summary.md").read_text()
+    assert "## timeline" in text and "no timeline.csv or trace.json" in text and not (path / "trace.json").exists()
+
+
+def test_the_latency_plot_ticks_are_the_widths_run(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figs = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    lat = pd.DataFrame({"width": [1, 2, 4, 16], "p50_us": [10.0, 11.0, 12.0, 20.0],
+                        "unfused_p50_us": [20.0, 21.0, 22.0, 30.0]})
+    report.plot_latency(lat, tmp_path / "latency.png", {"backend": "cpu", "tp": 2, "model": "tiny"})
+    ax = figs[0].axes[0]
+    assert list(ax.get_xticks()) == [1, 2, 4, 16]
+    legend = ax.get_legend()  # beside the axes, over no curve
+    assert legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1
