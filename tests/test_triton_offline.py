@@ -700,3 +700,24 @@ def test_warm_table_takes_the_fewer_ctas_of_both_variants(monkeypatch):
         3.0)
     assert "final_spills" not in r3 and "final" not in r3
     assert r1["resident"] is False and r1["error"] == "final: boom"
+
+
+def test_resources_are_read_once_per_compiled_kernel(tmp_path, monkeypatch):
+    """cuobjdump and ptxas -v take seconds per build: kept beside Triton's cache under the kernel's
+    hash, a second warm of the same builds reads them back (another hash is another kernel)."""
+    from types import SimpleNamespace
+
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path))
+    calls = []
+
+    def nv_resources(ck):
+        calls.append(ck.metadata.hash)
+        return {"regs": 180, "spills": 0}
+
+    a, b = (SimpleNamespace(metadata=SimpleNamespace(hash=h)) for h in ("aa11", "bb22"))
+    assert offline.cached_resources(a, nv_resources) == {"regs": 180, "spills": 0}
+    assert offline.cached_resources(a, nv_resources) == {"regs": 180, "spills": 0}
+    offline.cached_resources(b, nv_resources)
+    assert calls == ["aa11", "bb22"] and len(list((tmp_path / "ffnq-resources").iterdir())) == 2

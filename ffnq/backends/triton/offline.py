@@ -14,6 +14,7 @@ dynamic ``metadata.shared`` (plus the cubin's static SHARED on sm_90).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -97,6 +98,30 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
+def cached_resources(ck, read) -> dict:
+    """``read(ck)`` (cuobjdump and ptxas -v: seconds per build) kept beside Triton's cache under the
+    compiled kernel's hash: a function of that binary alone, so a second ``ffnq warm --target``
+    that finds the kernel in Triton's cache finds its resources too."""
+    from triton import knobs
+
+    path = os.path.join(knobs.cache.dir, "ffnq-resources", f"{ck.metadata.hash}-{read.__name__}.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        pass
+    got = read(ck)
+    try:  # written whole or not at all: a parallel compile of the same build may race this one
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(got, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: resources are read again next time
+    return got
+
+
 def nv_resources(ck) -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as d:
@@ -151,7 +176,7 @@ def width_row(key: FfnBuild, target: str, cus: int | None = None, final: bool = 
     row = {"width": key.tokens, "kernel": kernel_name(key), "compile_s": round(dt, 2), "target": target,
            "grid": key.blocks, "shared_bytes": shared, "cus": cus or residency.CUS[target]}
     if target == "sm_90":
-        r = nv_resources(ck)
+        r = cached_resources(ck, nv_resources)
         per, lim = residency.occupancy_sm90(r.get("regs", 255), shared, NUM_WARPS * 32, r.get("static_shared", 0))
         row.update(regs=r.get("regs"), spills=r.get("spills", 0), static_shared=r.get("static_shared", 0),
                    mma=r.get("mma"))
