@@ -154,7 +154,8 @@ def compile_widths(module: str, args: tuple, widths: list[int], label: str, inne
             n = len(done)
             left = (len(widths) - n) * (sum(took) / len(took)) / workers
             console.print(f"warm {label}: width {width} compiled in {wall:.1f} s ({n}/{len(widths)}; "
-                          f"{time.monotonic() - t_start:.0f} s so far, about {left:.0f} s left)", highlight=False)
+                          f"{time.monotonic() - t_start:.0f} s so far, about {left:.0f} s left)", highlight=False,
+                          soft_wrap=True)
 
     bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
