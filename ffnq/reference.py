@@ -14,6 +14,30 @@ that row is checked against the experts the kernel really used, not excused nor 
 A composition that rounds the all-reduced h to bf16 (the bench's baselines) moves the scores by
 up to ~2e-3 and flips about one row in a hundred at TP2: its check follows its pick within
 BF16_TIE_EPS.
+
+Each step also carries the error a correct kernel may show against it (``rel_bound_out``,
+``rel_bound_res``), derived from the arithmetic of this very step rather than a round number:
+BOUND_Z times the RMS of the modelled rounding error, relative to the oracle's norm. The model:
+
+* res_out: h (a sum of bf16 values, exact in fp32) rounded to bf16: the oracle rounds it too, so
+  this term is the error itself (a sum of bf16 values has few bits past bf16's 8, so its rounding
+  is no uniform +-ulp/2: often a tie, exactly half an ulp);
+* out: at tp > 1 each rank's MoE partial is rounded to bf16 before the one-shot reduce, the fp32
+  sum of those rounded again; the oracle does the same to its own fp64 partials (``partials``), a
+  sample of the kernel's rounding error (thousands of independent elements: its norm is within a
+  few percent of the RMS); at tp = 1 the output's one rounding;
+* activations: a kernel that feeds x and silu(g) * u to its GEMMs at ``act_bits`` significand
+  bits (bf16, or two fp8 e4m3 terms: 8) adds their rounding (uniform, ulp^2 / 12), passed through
+  both GEMMs (squared weights) and the SiLU's slope per element (``_act_var``); the cpu backend
+  and this oracle compute in fp32 / fp64, whose rounding is the next term;
+* fp32 accumulation: 2^-24 x sqrt(K) of the norm (K = hidden + intermediate chained terms).
+
+The terms are independent, so their variances add. Measured: the cpu backend's arithmetic sits
+at 1/BOUND_Z = 0.67 of its bound at TP1, 2 and 4, on tiny and on minimax-m2 shapes (rel_err
+~1.6e-3 / ~2.4e-3 against ~2.4e-3 / ~3.6e-3 at TP1 / TP2); a kernel rounding x and the
+activation to bf16 at 0.60-0.76 of the act_bits = 8 bound (~5.0e-3 / ~5.8e-3 on minimax-m2);
+the triton kernel's reference runs (configs/gates/ref, rel_err <= 2.0e-3 / 2.5e-3) at <= 0.43
+of it. One rank's output 0.8% high (rel_err ~8e-3, under a round 1e-2) is over any of them.
 """
 from __future__ import annotations
 
@@ -28,9 +52,14 @@ from ffnq.weights import FullWeights
 TIE_EPS = 1e-6  # a row whose k-th and (k+1)-th biased scores are this close may pick either
 # the same for a step whose all-reduced h is rounded to bf16 (NCCL or symm-mem bf16 sums): the
 # biased scores of minimax-m2 shapes moved by at most 1.7e-3 over 4096 rows x 256 experts on CPU
-# (1% of the rows flipped, at gaps up to 5.4e-4: scripts/bf16_route_flips.py); a flip needs a gap
+# (1% of the rows flipped, at gaps up to 5.4e-4, over 10,000 MiniMax-M2 rows at TP2); a flip needs a gap
 # under twice the move
 BF16_TIE_EPS = 4e-3
+
+
+BF16_BITS, FP32_BITS = 8, 24  # significand bits (the stored ones + the implicit 1)
+BOUND_Z = 1.5  # rel_bound = BOUND_Z x the modelled rounding error's RMS / the oracle's norm: the
+# model's own spread (a few percent at >= 256 elements) and its simplifications, not a round headroom
 
 
 @dataclass
@@ -40,6 +69,8 @@ class Reference:
     chosen: torch.Tensor  # [s, k] int64, sorted per row; -1 for padding rows
     weights: torch.Tensor  # [s, k] fp64, matching chosen
     near_tie: torch.Tensor  # [s] bool
+    rel_bound_out: float = float("nan")  # the largest rel_err a correct kernel shows on out (see above)
+    rel_bound_res: float = float("nan")  # the same for res_out
 
 
 def route(x: torch.Tensor, w: FullWeights, spec: ModelSpec, tie_eps: float = TIE_EPS):
@@ -111,13 +142,43 @@ def chosen(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tenso
     return idx.sort(-1).values.masked_fill(pad[:, None], -1)
 
 
+def act_bits(runner) -> int:
+    """Significand bits of the activations a runner's GEMMs take (the bound's activation term):
+    its ``ACT_MANTISSA_BITS`` where it says; else 24 for the cpu backend (fp32 throughout), 8 for
+    any other (bf16, or two fp8 e4m3 terms as triton's X_TERMS / DOWN_ACT_TERMS = 2)."""
+    bits = getattr(runner, "ACT_MANTISSA_BITS", None)
+    if bits is None:
+        bits = FP32_BITS if getattr(runner, "backend", None) == "cpu" else BF16_BITS
+    return int(bits)
+
+
+def ulp_var(v: torch.Tensor, bits: int) -> torch.Tensor:
+    """Variance of rounding ``v`` to nearest at ``bits`` significand bits: ulp^2 / 12, where
+    ulp = 2^(floor(log2|v|) + 1 - bits) (0 for v = 0)."""
+    _, e = torch.frexp(v)  # v = m 2^e, 0.5 <= |m| < 1: floor(log2|v|) = e - 1
+    ulp = torch.ldexp(torch.ones_like(v), (e - bits).to(torch.int32))
+    return torch.where(v == 0, torch.zeros_like(v), ulp * ulp / 12)
+
+
+def bound(ref: torch.Tensor, var: torch.Tensor, acc_terms: int) -> float:
+    """BOUND_Z x the RMS of the modelled error (``var``: its square per element, plus fp32
+    accumulation over ``acc_terms`` chained terms), relative to the oracle's norm (0 for an
+    all-zero oracle: then any error fails)."""
+    n2 = float(ref.pow(2).sum())
+    if n2 == 0:
+        return 0.0
+    acc = 2.0 ** -FP32_BITS * acc_terms ** 0.5
+    return BOUND_Z * (float(var.sum()) / n2 + acc * acc) ** 0.5
+
+
 def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor, w: FullWeights,
          spec: ModelSpec, experts: Experts = Experts.ALL, cache: dict | None = None,
-         follow: torch.Tensor | None = None, tie_eps: float = TIE_EPS) -> Reference:
+         follow: torch.Tensor | None = None, tie_eps: float = TIE_EPS, act_bits: int = FP32_BITS) -> Reference:
     """``cache``: a dict the caller keeps, for repeated steps on one set of weights.
     ``follow``: a route [s, k] (the kernel's, or a baseline's with ``tie_eps=BF16_TIE_EPS``);
     near-tie rows (within ``tie_eps``) where it is admissible use its experts (and ``chosen``
-    says so), every other row keeps the oracle's own pick."""
+    says so), every other row keeps the oracle's own pick. ``act_bits``: significand bits of
+    the activations the kernel feeds its GEMMs (the bound's activation term; tp = len(parts))."""
     dt = torch.float64
     dev = residual.device
     h, x = normed(parts, residual, w, spec)
@@ -133,18 +194,59 @@ def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor,
             idx[take] = p
             wp = scores[take].gather(1, p)
             wts[take] = wp / wp.sum(-1, keepdim=True)
+    tp = len(parts)
     out = torch.zeros_like(h)
+    partials = torch.zeros((tp, *h.shape), dtype=dt, device=dev) if tp > 1 else None
+    act_var = torch.zeros_like(h) if act_bits < FP32_BITS else None
     if experts is not Experts.NONE:
         for e in torch.unique(idx[~pad]).tolist():
             rows, k = torch.nonzero((idx == e) & ~pad[:, None], as_tuple=True)
             xe = x[rows]
             w1, w3, w2 = expert64(w, e, spec.block, cache)
-            y = (F.silu(xe @ w1.T) * (xe @ w3.T)) @ w2.T
-            out.index_add_(0, rows, y * wts[rows, k, None])
+            g, u = xe @ w1.T, xe @ w3.T
+            a = F.silu(g) * u
+            wk = wts[rows, k, None]
+            out.index_add_(0, rows, (a @ w2.T) * wk)
+            if partials is not None:
+                _partials(partials, rows, a, w2, wk, e, spec, experts)
+            if act_var is not None:
+                act_var.index_add_(0, rows, _act_var(xe, g, u, a, w1, w3, w2, act_bits) * wk * wk)
     order = idx.sort(-1)
     chosen = order.values.masked_fill(pad[:, None], -1)
     weights = wts.gather(1, order.indices).masked_fill(pad[:, None], 0.0)
-    return Reference(out, h, chosen, weights, tie & ~pad)
+    # the kernel's roundings done on the oracle's values: each partial to bf16, their sum to bf16
+    sim = partials.bfloat16().double().sum(0) if partials is not None else out
+    var = (sim.bfloat16().double() - out).pow(2)
+    if act_var is not None:
+        var = var + act_var
+    b_out = bound(out, var, spec.hidden + spec.intermediate)
+    b_res = bound(h, (h.bfloat16().double() - h).pow(2), tp + 1)
+    return Reference(out, h, chosen, weights, tie & ~pad, b_out, b_res)
+
+
+def _partials(partials: torch.Tensor, rows, a, w2, wk, e: int, spec: ModelSpec, experts: Experts) -> None:
+    """Add expert ``e``'s output on ``rows`` to each rank's MoE partial: ALL splits the
+    intermediate (rank r: columns r*I/tp..), LOCAL gives the whole expert to its owner."""
+    tp = partials.shape[0]
+    if experts is Experts.LOCAL:
+        partials[e // (spec.experts // tp)].index_add_(0, rows, (a @ w2.T) * wk)
+        return
+    n = a.shape[1] // tp
+    for r in range(tp):
+        c = slice(r * n, (r + 1) * n)
+        partials[r].index_add_(0, rows, (a[:, c] @ w2[:, c].T) * wk)
+
+
+def _act_var(xe, g, u, a, w1, w3, w2, bits: int) -> torch.Tensor:
+    """Per output element of one expert, the variance that rounding x and the activation
+    silu(g) * u to ``bits`` significand bits adds: through the up GEMMs (squared weights), the
+    SiLU's slope and the down GEMM."""
+    vx = ulp_var(xe, bits)
+    vg, vu = vx @ (w1 * w1).T, vx @ (w3 * w3).T
+    sg = torch.sigmoid(g)
+    silu, dsilu = g * sg, sg * (1 + g * (1 - sg))
+    va = (dsilu * u).pow(2) * vg + silu.pow(2) * vu + ulp_var(a, bits)
+    return va @ (w2 * w2).T
 
 
 # tolerance of a bf16-output kernel against the fp64 oracle: rtol on each element plus an atol of
@@ -154,6 +256,8 @@ def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor,
 # element at 1.6% of the RMS off). A planted bug misses by O(RMS) and still counts.
 RTOL = {torch.bfloat16: 1.6e-2, torch.float16: 4e-3, torch.float32: 1e-4}
 ATOL_RMS = 5e-2
+# a ceiling for checks that have no per-step bound (bench's check of the fused step); qualify and
+# soak judge rel_err by the step's own rel_bound (Reference.rel_bound_out / rel_bound_res)
 MAX_REL_ERR = 1e-2
 
 
