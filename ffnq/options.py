@@ -28,6 +28,19 @@ MAX_TIMEOUT_S, MIN_TIMEOUT_S = 60.0, 1e-6
 MAX_TP = 64
 RDZV = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
 CHECKPOINT_READ_GBPS = 0.5  # a slow disk's read rate, for the deadline's share of a checkpoint's reads
+SHOWN_CHARS = 60  # a value quoted in an error message: one line, at most this long
+
+
+def cut(text: str, n: int = SHOWN_CHARS) -> str:
+    """``text`` on one line, cut to ``n`` characters with '...' (an error message quotes a user's
+    value, not 40,000 characters of it)."""
+    text = str(text).replace("\r", "\\r").replace("\n", "\\n")
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def shown(value, n: int = SHOWN_CHARS) -> str:
+    """A user's value as an error message quotes it: its repr, one line, cut to ``n``."""
+    return cut(repr(value), n)
 
 
 def fresh_seed() -> int:
@@ -42,16 +55,18 @@ def parse_widths(text: str | None, max_tokens: int, option: str = "--widths") ->
     if text is None or text.strip() == "all":
         return list(range(1, max_tokens + 1))
     if not text.strip():
-        raise UsageError(f"{option} {text!r}: empty; allowed all or N, N-M lists (e.g. 1-4,8,16)")
+        raise UsageError(f"{option} {shown(text)}: empty; allowed all or N, N-M lists (e.g. 1-4,8,16)")
     out: list[int] = []
     for item in text.split(","):
         item = item.strip()
         m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", item)
         if not m:
-            raise UsageError(f"{option} {text!r}: {item!r} is not N or N-M (e.g. 1-4,8,16)")
-        lo, hi = int(m[1]), int(m[2] or m[1])
-        if lo > hi or lo < 1 or hi > max_tokens:
-            raise UsageError(f"{option} {text!r}: {item} outside 1..{max_tokens} (max_tokens of the model)")
+            raise UsageError(f"{option} {shown(text)}: {shown(item, 30)} is not N or N-M (e.g. 1-4,8,16)")
+        big = max(len(m[1]), len(m[2] or "")) > 9  # past any width (and int()'s 4300-digit limit)
+        lo, hi = (0, 0) if big else (int(m[1]), int(m[2] or m[1]))
+        if big or lo > hi or lo < 1 or hi > max_tokens:
+            raise UsageError(f"{option} {shown(text)}: {cut(item, 30)} outside 1..{max_tokens} (max_tokens of the "
+                             "model)")
         out += [w for w in range(lo, hi + 1) if w not in out]
     return sorted(out)
 
@@ -64,10 +79,10 @@ def parse_inject(values: list[str] | None, tp: int) -> list[int]:
             item = item.strip()
             if item == "all":
                 ranks |= set(range(tp))
-            elif re.fullmatch(r"[0-9]+", item) and int(item) < tp:
+            elif re.fullmatch(r"[0-9]{1,9}", item) and int(item) < tp:
                 ranks.add(int(item))
             else:
-                raise UsageError(f"--inject-rank {item!r}: allowed 0..{tp - 1} or all (tp={tp})")
+                raise UsageError(f"--inject-rank {shown(item)}: allowed 0..{tp - 1} or all (tp={tp})")
     return sorted(ranks)
 
 
@@ -150,7 +165,7 @@ class JobOptions:
         try:
             experts = Experts(self.experts)
         except ValueError:
-            raise UsageError(f"--experts {self.experts!r}: allowed {', '.join(e.value for e in Experts)}") from None
+            raise UsageError(f"--experts {shown(self.experts)}: allowed {', '.join(e.value for e in Experts)}") from None
         if not 1 <= self.tp <= MAX_TP:
             raise UsageError(f"--tp {self.tp}: allowed 1..{MAX_TP}")
         spec.check(self.tp, experts)
@@ -160,7 +175,7 @@ class JobOptions:
             self.widths = list(range(1, spec.max_tokens + 1))
         bad = [w for w in self.widths if not 1 <= w <= spec.max_tokens]
         if bad:
-            raise UsageError(f"widths {bad}: allowed 1..{spec.max_tokens} for {spec.name}")
+            raise UsageError(f"widths {cut(bad)}: allowed 1..{spec.max_tokens} for {spec.name}")
         if self.checkpoint is not None:
             from ffnq.weights import check_checkpoint
 
@@ -188,7 +203,7 @@ class JobOptions:
         if self.rdzv_endpoint is not None:
             m = RDZV.fullmatch(self.rdzv_endpoint)
             if not (m and 1 <= int(m[1]) <= 65535):
-                raise UsageError(f"--rdzv-endpoint {self.rdzv_endpoint!r}: need HOST:PORT, port 1..65535")
+                raise UsageError(f"--rdzv-endpoint {shown(self.rdzv_endpoint)}: need HOST:PORT, port 1..65535")
 
     def _check_backend(self) -> None:
         import torch
@@ -196,7 +211,7 @@ class JobOptions:
         from ffnq.runner import BACKENDS, load_runner
 
         if self.backend not in BACKENDS and ":" not in self.backend:
-            raise UsageError(f"--backend {self.backend!r}: allowed auto, {', '.join(BACKENDS)} "
+            raise UsageError(f"--backend {shown(self.backend)}: allowed auto, {', '.join(BACKENDS)} "
                              f"(or --runner package.module:Class)")
         cls = load_runner(self.backend)
         try:  # a bad override or measured table fails here, not in every rank's build
@@ -217,7 +232,7 @@ class JobOptions:
             try:
                 dev = torch.device(cls.default_device(0))
             except Exception as e:  # noqa: BLE001 - a plug-in's own failure is bad input here
-                raise UsageError(f"--runner {self.backend}: default_device failed ({e})") from None
+                raise UsageError(f"--runner {cut(self.backend)}: default_device failed ({cut(e, 200)})") from None
             if dev.type == "cuda" and (not torch.cuda.is_available() or per_node > torch.cuda.device_count()):
                 raise UsageError(f"--runner {self.backend}: runs on cuda; {per_node} ranks here but "
                                  f"{torch.cuda.device_count()} GPU(s)")

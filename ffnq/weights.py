@@ -229,6 +229,12 @@ def _layer_tensors(layer: int, spec: ModelSpec) -> list[tuple[str, int | None, s
         (k, e, n) for e in range(spec.experts) for k, n in layer_names(layer, e).items()]
 
 
+def _short(v, n: int = 60) -> str:
+    """A config value as an error quotes it: one line, at most ``n`` characters."""
+    text = repr(v).replace("\n", "\\n")
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
 def check_checkpoint(path: str | Path, layer: int | None, spec: ModelSpec) -> int:
     """Before any rank starts, from the headers alone: the layer's FFN tensors are all there with
     ``spec``'s shapes, the experts FP8 e4m3 and their scales fp32, and the folder's config.json (if
@@ -245,10 +251,17 @@ def check_checkpoint(path: str | Path, layer: int | None, spec: ModelSpec) -> in
         raise UsageError(f"--checkpoint-layer {layer}: checkpoint {path} holds {have}")
     cfg = path / "config.json" if path.is_dir() else None
     if cfg and cfg.is_file():
-        conf = json.loads(cfg.read_text())
+        try:
+            conf = json.loads(cfg.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise UsageError(f"checkpoint {path}: config.json is not readable JSON ({str(e).splitlines()[0][:100]})"
+                             ) from None
+        if not isinstance(conf, dict):
+            raise UsageError(f"checkpoint {path}: config.json holds a JSON {type(conf).__name__}, not an object "
+                             "of the model's keys")
         for key, field_ in CONFIG_KEYS.items():
             if key in conf and conf[key] != getattr(spec, field_):
-                raise UsageError(f"checkpoint {path}: config.json {key} = {conf[key]}, --model {spec.name} has "
+                raise UsageError(f"checkpoint {path}: config.json {key} = {_short(conf[key])}, --model {spec.name} has "
                                  f"{field_} = {getattr(spec, field_)}")
         if conf.get("use_routing_bias") is False:  # the kernel and the oracle always add the selection bias
             raise UsageError(f"checkpoint {path}: config.json use_routing_bias = false; ffnq's router adds "
