@@ -6,7 +6,23 @@ Each rank appends JSON lines to ``<tmp>/rank<r>.jsonl`` (progress, rows, done or
 also writes every rank's rows, gathered, into ``all.jsonl`` (the only file a multi-node run
 needs on this host). The temp dir is never the reports folder. torchrun runs in its own session,
 so a job past its deadline is killed as a whole group; a rank that dies makes torchrun end the
-others, and the error names the dead rank (from its error record, else torchrun's root cause).
+others.
+
+The host watchdog (``Watch``) reads every rank's heartbeat (``rank<r>.beat``, rewritten every
+0.5 s by a thread of the rank) while the job runs, and ends the job, naming the rank and what
+it was doing, when one
+
+* is stopped (process state T, SIGSTOP or a debugger) for longer than the kernel's timeout,
+* stops beating for longer than the timeout + STALL_MARGIN_S (a frozen process, or one on
+  another node; SETUP_STALL_S while it sets up: loading and compiling may hold the interpreter),
+* runs one runner call past the deadline the job gave it (a kernel with no bounded wait),
+
+so a hung rank is named within seconds, not at gloo's 120 s collective timeout. The verdict of a
+failed job prefers, in order: the watchdog's; a rank killed by a signal (torchrun's failures); a
+rank's own error; and only then an error that a lost peer causes on a survivor (a collective's
+connection error, a bounded wait that expired), which names the lost rank, not the survivor.
+A rank whose error is bad input (``usage``: e.g. a runner whose construction or warm-up raised)
+ends the job as a UsageError (exit 2).
 """
 from __future__ import annotations
 
@@ -28,19 +44,25 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from ffnq.errors import Stopped
+from ffnq.errors import Stopped, UsageError
 
 if TYPE_CHECKING:
     from ffnq.options import JobOptions
 
+POLL_S = 0.2
+STALL_MARGIN_S = 2.0  # a beat (every 0.5 s) missing this long past the timeout: the rank is frozen
+SETUP_STALL_S = 30.0  # the same while a rank sets up (imports, weights, compiles may hold the GIL)
+
 
 class LaunchError(RuntimeError):
-    """The job ran but did not finish: a rank died, or the deadline passed. ``records`` keeps
-    what every rank wrote before that, so a report can still show what finished."""
+    """The job ran but did not finish: a rank died or hung, or the deadline passed. ``records``
+    keeps what every rank wrote before that (and its last heartbeat, kind ``beat``), so a report
+    can still show what finished; ``ranks`` says where each rank was."""
 
-    def __init__(self, message: str, records: list[dict] | None = None):
+    def __init__(self, message: str, records: list[dict] | None = None, ranks: list[dict] | None = None):
         super().__init__(message)
         self.records = records or []
+        self.ranks = ranks or []
 
 
 def torchrun_command(opts: JobOptions, opts_file: Path) -> list[str]:
@@ -70,6 +92,7 @@ class JobResult:
 
 
 def read_records(result_dir: Path) -> list[dict]:
+    """Every rank's records as written, then each rank's last heartbeat (kind ``beat``)."""
     recs = []
     for f in sorted(result_dir.glob("rank*.jsonl")):
         for line in f.read_text().splitlines():
@@ -77,7 +100,18 @@ def read_records(result_dir: Path) -> list[dict]:
                 recs.append(json.loads(line))
             except json.JSONDecodeError:
                 pass  # a torn last line of a killed rank
-    return recs
+    return recs + [{"kind": "beat", **b} for _, b in sorted(read_beats(result_dir).items())]
+
+
+def read_beats(result_dir: Path) -> dict[int, dict]:
+    beats = {}
+    for f in result_dir.glob("rank*.beat"):
+        try:
+            b = json.loads(f.read_text())
+            beats[int(b["rank"])] = b
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # being replaced, or torn by a kill: the next read has it
+    return beats
 
 
 def run(opts: JobOptions, progress: bool = True) -> JobResult:
@@ -94,31 +128,45 @@ def run(opts: JobOptions, progress: bool = True) -> JobResult:
         cmd = torchrun_command(opts, opts_file)
         log = (result_dir / "torchrun.log").open("w")
         t0 = time.monotonic()
+        watch = Watch(result_dir, opts.tp, opts.timeout_s, str(opts_file))
         with _terminated_as_exit():
             proc = subprocess.Popen(cmd, env=job_env(tag), stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=_die_with_parent())
             try:
-                rc = _wait(proc, result_dir, t0 + deadline, job, progress)
+                rc = _wait(proc, result_dir, t0 + deadline, job, progress, watch)
             finally:
                 if proc.poll() is None:
                     _kill_group(proc)
+                watch.kill_ranks()  # any rank torchrun could not end (a stopped one ignores SIGTERM)
                 log.close()
                 sweep(tag)
         wall = time.monotonic() - t0
         recs = read_records(result_dir)
+        ranks = rank_states(recs, opts.tp)
+        if watch.verdict:
+            raise LaunchError(f"{job}: {watch.verdict}; the job was ended. {_elsewhere(ranks, watch.culprits)}",
+                              recs, ranks)
         if rc is None:
             raise LaunchError(f"{job} passed its deadline of {deadline:g} s (--deadline): "
-                              f"{_unfinished(recs, opts.tp)}; the job was killed", recs)
+                              f"{_unfinished(recs, opts.tp)}; the job was killed", recs, ranks)
         if rc != 0:
-            raise LaunchError(_failure(job, rc, recs, opts.tp, (result_dir / "torchrun.log").read_text()), recs)
+            msg, usage = diagnose(job, rc, recs, opts.tp, (result_dir / "torchrun.log").read_text())
+            if usage:
+                raise UsageError(msg)
+            raise LaunchError(msg, recs, ranks)
         merged = result_dir / "all.jsonl"
         if merged.exists():
             recs = [json.loads(line) for line in merged.read_text().splitlines() if line.strip()]
-        rows: dict[str, list] = {}
-        for r in recs:
-            if r.get("kind") == "row":
-                rows.setdefault(r["table"], []).append(r["data"])
-        return JobResult({k: pd.DataFrame(v) for k, v in rows.items()}, cmd, wall, tag, recs)
+        return JobResult(tables(recs), cmd, wall, tag, recs)
+
+
+def tables(recs: list[dict]) -> dict[str, pd.DataFrame]:
+    """The rows among ``recs`` as tables by name (a cut-short job's: what its ranks wrote)."""
+    rows: dict[str, list] = {}
+    for r in recs:
+        if r.get("kind") == "row":
+            rows.setdefault(r["table"], []).append(r["data"])
+    return {k: pd.DataFrame(v) for k, v in rows.items()}
 
 
 def _die_with_parent():
@@ -160,8 +208,9 @@ def _terminated_as_exit():
             signal.signal(s, h)
 
 
-def _wait(proc, result_dir: Path, end: float, job: str, progress: bool) -> int | None:
-    """Poll the job and rank 0's progress until it exits (rc) or the deadline (None)."""
+def _wait(proc, result_dir: Path, end: float, job: str, progress: bool, watch: Watch | None = None) -> int | None:
+    """Poll the job and rank 0's progress until it exits (rc), the deadline passes or the watchdog
+    names a rank (None: the job was killed)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -175,10 +224,18 @@ def _wait(proc, result_dir: Path, end: float, job: str, progress: bool) -> int |
         seen = 0
         while True:
             try:
-                return proc.wait(timeout=0.2)
+                return proc.wait(timeout=POLL_S)
             except subprocess.TimeoutExpired:
                 pass
             if time.monotonic() > end:
+                _kill_group(proc)
+                return None
+            if watch is not None and watch.check():
+                bar.update(task, description=f"{job}: ending ({watch.verdict})")
+                # every rank's rows are on disk as written and its counts in its last beat: end them
+                # all at once (a survivor waits in a collective; a stopped rank ignores SIGTERM)
+                watch.kill_culprits()
+                watch.kill_ranks()
                 _kill_group(proc)
                 return None
             if rank0.exists():
@@ -207,22 +264,32 @@ def _kill_group(proc) -> None:
 
 
 def _last(recs: list[dict], tp: int) -> dict[int, dict]:
-    """The last record of each rank."""
+    """The last record of each rank (heartbeats aside)."""
     last: dict[int, dict] = {}
     for r in recs:
-        if "rank" in r:
+        if "rank" in r and r.get("kind") != "beat":
             last[r["rank"]] = r
     return last
 
 
+def _beats(recs: list[dict]) -> dict[int, dict]:
+    return {r["rank"]: r for r in recs if r.get("kind") == "beat" and "rank" in r}
+
+
 def _unfinished(recs: list[dict], tp: int) -> str:
-    last = _last(recs, tp)
+    last, beats = _last(recs, tp), _beats(recs)
     waiting = [r for r in range(tp) if last.get(r, {}).get("kind") != "done"]
-    where = ", ".join(f"rank {r} at {_where(last.get(r))}" for r in waiting)
+    where = ", ".join(f"rank {r} at {_where(last.get(r), beats.get(r))}" for r in waiting)
     return f"rank(s) {', '.join(map(str, waiting))} had not finished ({where})"
 
 
-def _where(rec: dict | None) -> str:
+def _where(rec: dict | None, beat: dict | None = None) -> str:
+    """What a rank was doing: its heartbeat's phase (and runner call), else its last record."""
+    if beat is not None and beat.get("phase"):
+        if beat.get("call_case") is not None:
+            return (f"{beat['phase']}: runner call of case {beat['call_case']} w={beat['call_width']}, "
+                    f"{beat['call_s']:.1f} s in")
+        return str(beat["phase"])
     if rec is None:
         return "start-up"
     if rec.get("kind") == "start":
@@ -232,18 +299,192 @@ def _where(rec: dict | None) -> str:
     return rec.get("kind", "?")
 
 
-def _failure(job: str, rc: int, recs: list[dict], tp: int, log: str) -> str:
-    errors = [r for r in recs if r.get("kind") == "error"]
-    if errors:
-        first = min(errors, key=lambda r: r.get("t", 0))
-        return f"{job}: rank {first['rank']} failed: {first['message']}"
-    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", log, re.S)
-    if m:
-        code = int(m[2])
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        return f"{job}: rank {m[1]} died ({how}); torchrun ended the others. {_unfinished(recs, tp)}"
+def rank_states(recs: list[dict], tp: int) -> list[dict]:
+    """One row per rank: how it ended (done / error / no final word), where it was, its last
+    progress, and its error if any: a report's account of a job that did not finish."""
+    last, beats = _last(recs, tp), _beats(recs)
+    errors = {r["rank"]: r for r in recs if r.get("kind") == "error"}
+    progress = {r["rank"]: r for r in recs if r.get("kind") == "progress"}
+    rows = []
+    for rank in range(tp):
+        kind = last.get(rank, {}).get("kind")
+        ended = ("done" if kind == "done" else "no final word" if rank not in errors else
+                 "error (a lost peer's)" if errors[rank].get("peer_loss") else "error")
+        p = progress.get(rank)
+        rows.append({"rank": rank, "ended": ended, "where": _where(last.get(rank), beats.get(rank)),
+                     "progress": f"{p['done']}/{p['total']}" if p else "",
+                     "error": errors[rank]["message"] if rank in errors else ""})
+    return rows
+
+
+def _elsewhere(ranks: list[dict], culprits: list[int]) -> str:
+    others = [f"rank {r['rank']}: {r['ended']} at {r['where']}" for r in ranks if r["rank"] not in culprits]
+    return ("Others: " + "; ".join(others)) if others else ""
+
+
+FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def torchrun_failures(log: str) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
+    """(every failure torchrun listed as (rank, exit code), its root cause or None)."""
+    root = None
+    head, sep, tail = log.partition("Root Cause")
+    if sep:
+        m = FAILURE.search(tail)
+        root = (int(m[1]), int(m[2])) if m else None
+    seen = [(int(m[1]), int(m[2])) for m in FAILURE.finditer(log)]
+    return list(dict.fromkeys(seen)), root
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def diagnose(job: str, rc: int, recs: list[dict], tp: int, log: str) -> tuple[str, bool]:
+    """(the verdict of a job that exited rc != 0, whether it was bad input). A rank that died
+    by a signal first, then a rank's own error, then torchrun's root cause; an error that a lost
+    peer causes on a survivor names the lost rank, never the survivor."""
+    last, beats = _last(recs, tp), _beats(recs)
+    errors = sorted((r for r in recs if r.get("kind") == "error"), key=lambda r: r.get("t", 0))
+    failures, root = torchrun_failures(log)
+    where = lambda r: _where(last.get(r), beats.get(r))  # noqa: E731
+    # killed by a signal: not SIGTERM, which is torchrun ending the others (unless it is all there is)
+    deaths = [(r, c) for r, c in failures if c < 0 and c != -signal.SIGTERM]
+    if not deaths and root and root[1] < 0 and root[0] not in {e["rank"] for e in errors}:
+        deaths = [root]
+    if deaths:
+        if root in deaths:  # the first observed first
+            deaths.remove(root)
+            deaths.insert(0, root)
+        r, c = deaths[0]
+        return (f"{job}: rank {r} died (killed by signal {-c}, {_signal_name(c)}) at {where(r)}; torchrun ended "
+                f"the others. {_unfinished(recs, tp)}", False)
+    own = [e for e in errors if not e.get("peer_loss")]
+    if own:
+        e = own[0]
+        return f"{job}: rank {e['rank']} failed: {e['message']}", bool(e.get("usage"))
+    if root and root[1] > 0 and root[0] not in {e["rank"] for e in errors}:
+        return (f"{job}: rank {root[0]} exited with code {root[1]} without a word at {where(root[0])}; torchrun "
+                f"ended the others. {_unfinished(recs, tp)}", False)
+    if errors:  # only survivors' errors: name the rank(s) they lost
+        e = errors[0]
+        missing = sorted({m for x in errors for m in x.get("missing", [])})
+        silent = [r for r in range(tp) if r not in {x["rank"] for x in errors}
+                  and last.get(r, {}).get("kind") != "done"]
+        lost = missing or silent
+        if lost:
+            who = ", ".join(f"rank {r} at {where(r)}" for r in lost)
+            return (f"{job}: lost {who} (no final word from it); rank {e['rank']} saw it as {e['message']}", False)
+        return f"{job}: rank {e['rank']} failed: {e['message']}", False
+    if root:
+        how = f"killed by signal {-root[1]}" if root[1] < 0 else f"exit code {root[1]}"
+        return f"{job}: rank {root[0]} died ({how}); torchrun ended the others. {_unfinished(recs, tp)}", False
     tail = " | ".join(log.strip().splitlines()[-3:])
-    return f"{job}: torchrun exited {rc}; {_unfinished(recs, tp)}; log: {tail}"
+    return f"{job}: torchrun exited {rc}; {_unfinished(recs, tp)}; log: {tail}", False
+
+
+def _failure(job: str, rc: int, recs: list[dict], tp: int, log: str) -> str:
+    return diagnose(job, rc, recs, tp, log)[0]
+
+
+# ---- the host watchdog ----------------------------------------------------------------------------
+
+def _proc_state(pid: int) -> str | None:
+    """The process state letter (R, S, D, T, t, Z, ...) from /proc, None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split(" ", 1)[0]
+
+
+class Watch:
+    """The host's watchdog over the ranks' heartbeats (see the module's docstring)."""
+
+    def __init__(self, result_dir: Path, tp: int, timeout_s: float, marker: str):
+        self.dir, self.tp, self.timeout = result_dir, tp, float(timeout_s)
+        self.marker = marker  # on every rank's command line: a pid is this job's rank, not a reused one
+        self.host = __import__("socket").gethostname()
+        self.changed: dict[int, tuple[float, float]] = {}  # rank -> (beat's t, host monotonic when it changed)
+        self.stopped: dict[int, float] = {}  # rank -> host monotonic when first seen stopped
+        self.beats: dict[int, dict] = {}
+        self.pids: dict[int, int] = {}
+        self.verdict: str | None = None
+        self.culprits: list[int] = []
+
+    def check(self, now: float | None = None) -> bool:
+        """Read the beats; True (``verdict`` and ``culprits`` set) when a rank is to be named."""
+        now = time.monotonic() if now is None else now
+        self._read(now)
+        named = []
+        for r, b in sorted(self.beats.items()):
+            if b.get("final"):
+                continue
+            why = self._hung(r, b, now)
+            if why:
+                named.append((r, why))
+        if named:
+            # a stopped or frozen rank first: the others may be stuck in a call only because of it
+            named.sort(key=lambda x: "runner call" in x[1])
+            self.culprits = [r for r, _ in named]
+            self.verdict = "; ".join(f"rank {r} {why}" for r, why in named)
+        return bool(named)
+
+    def _read(self, now: float) -> None:
+        for r, b in read_beats(self.dir).items():
+            self.beats[r] = b
+            if b.get("host") == self.host and b.get("pid"):
+                self.pids[r] = int(b["pid"])
+            if self.changed.get(r, (None,))[0] != b.get("t"):
+                self.changed[r] = (b.get("t"), now)
+
+    def _hung(self, r: int, b: dict, now: float) -> str | None:
+        where = _where(None, b)
+        state = _proc_state(self.pids[r]) if r in self.pids else None
+        if state in ("T", "t"):
+            first = self.stopped.setdefault(r, now)
+            if now - first > self.timeout:
+                return (f"is stopped (process state {state}: SIGSTOP or a debugger) for over {self.timeout:g} s "
+                        f"(--timeout) at {where}")
+        else:
+            self.stopped.pop(r, None)
+        set_up = str(b.get("phase", "")).startswith("set-up")
+        limit = SETUP_STALL_S if set_up else self.timeout + STALL_MARGIN_S
+        quiet = now - self.changed[r][1]
+        if quiet > limit:
+            return f"hung: no heartbeat for {quiet:.1f} s (limit {limit:g} s) at {where}"
+        if b.get("call_deadline_s") is not None and b.get("call_s", 0) > b["call_deadline_s"]:
+            return (f"hung in a runner call that did not return: case {b.get('call_case')} w={b.get('call_width')}, "
+                    f"{b['call_s']:.1f} s in, past its deadline of {b['call_deadline_s']:g} s (--timeout "
+                    f"{self.timeout:g} s plus the step's own time): a wait with no bound?")
+        return None
+
+    def _ours(self, pid: int) -> bool:
+        try:
+            return self.marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return False
+
+    def _kill(self, ranks) -> None:
+        for r in ranks:
+            pid = self.pids.get(r)
+            if pid and self._ours(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)  # also ends a stopped process
+                except ProcessLookupError:
+                    pass
+
+    def kill_culprits(self) -> None:
+        self._kill(self.culprits)
+
+    def kill_ranks(self) -> None:
+        """SIGKILL every rank of this host still alive (torchrun's SIGTERM does not end a stopped
+        one, nor one whose SIGTERM handler waits on a collective)."""
+        self._read(time.monotonic())
+        self._kill(range(self.tp))
 
 
 def command_line(cmd: list[str]) -> str:

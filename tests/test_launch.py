@@ -1,7 +1,9 @@
-"""launch: the torchrun command, failure messages, the ranks ended with ffnq."""
+"""launch: the torchrun command, failure messages, the host watchdog, the ranks ended with ffnq."""
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import pytest
 
 from ffnq.jobs.bench import BenchOptions
 from ffnq.jobs.qualify import QualifyOptions
-from ffnq.launch import _failure, torchrun_command
+from ffnq.launch import Watch, _failure, diagnose, rank_states, torchrun_command, torchrun_failures
 from helpers import TESTS, ffnq_cmd, job_pids
 
 
@@ -24,14 +26,110 @@ def test_torchrun_command_standalone_and_rdzv(tmp_path):
     assert cmd[cmd.index("--rdzv-endpoint") + 1] == "h:29500"
 
 
+ROOT_KILLED = ("Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : vm\n"
+               "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 123)\n")
+# the race that blamed the survivor: rank 0 saw the closed connection and exited first
+ROOT_SURVIVOR = ("Failures:\n[1]:\n  time      : x\n  host      : vm\n  rank      : 1 (local_rank: 1)\n"
+                 "  exitcode  : -9 (pid: 124)  (SIGKILL)\n------\nRoot Cause (first observed failure):\n[0]:\n"
+                 "  time      : x\n  host      : vm\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 123)\n")
+CLOSED = {"kind": "error", "rank": 0, "t": 2, "peer_loss": True,
+          "message": "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"}
+
+
 def test_failure_names_the_rank():
     recs = [{"kind": "start", "rank": 0}, {"kind": "progress", "rank": 0, "done": 3, "total": 9, "what": "correct w=4"}]
-    log = ("Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : vm\n"
-           "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 123)\n")
-    msg = _failure("qualify", 1, recs, 2, log)
-    assert "rank 1 died (killed by signal 9)" in msg and "rank 0 at correct w=4 (3/9)" in msg
-    err = recs + [{"kind": "error", "rank": 0, "t": 1, "message": "RankFault: boom"}]
-    assert _failure("qualify", 1, err, 2, log) == "qualify: rank 0 failed: RankFault: boom"
+    msg = _failure("qualify", 1, recs, 2, ROOT_KILLED)
+    assert "rank 1 died (killed by signal 9, SIGKILL)" in msg and "rank 0 at correct w=4 (3/9)" in msg
+    # a rank's own error (no lost peer) is the verdict when no rank died by a signal
+    err = recs + [{"kind": "error", "rank": 0, "t": 1, "message": "ValueError: boom"}]
+    assert _failure("qualify", 1, err, 2, "") == "qualify: rank 0 failed: ValueError: boom"
+
+
+@pytest.mark.parametrize("log", [ROOT_KILLED, ROOT_SURVIVOR, ""], ids=["root-killed", "root-survivor", "no-log"])
+def test_a_survivors_lost_peer_error_never_blames_the_survivor(log):
+    """SIGKILL of rank 1: rank 0's collective fails with "Connection closed by peer". Whichever
+    torchrun saw first, or with no word from torchrun at all, rank 1 is named."""
+    recs = [{"kind": "start", "rank": r} for r in (0, 1)] + [
+        {"kind": "progress", "rank": 1, "done": 5, "total": 9, "what": "run w=16"}, CLOSED]
+    msg, usage = diagnose("qualify", 1, recs, 2, log)
+    assert not usage and "rank 0 failed" not in msg
+    assert ("rank 1 died (killed by signal 9, SIGKILL)" in msg) if log else ("lost rank 1 at run w=16" in msg), msg
+
+
+def test_a_bounded_wait_that_expired_names_the_missing_rank():
+    fault = {"kind": "error", "rank": 0, "t": 1, "peer_loss": True, "missing": [1],
+             "message": "RankFault: rank 0 faulted in phase seam at epoch 9: waited 1000.0 ms for rank(s) 1"}
+    recs = [{"kind": "start", "rank": 0}, {"kind": "start", "rank": 1}, {"kind": "done", "rank": 1}, fault]
+    msg, _ = diagnose("soak", 1, recs, 2, "")
+    assert msg.startswith("soak: lost rank 1") and "waited 1000.0 ms for rank(s) 1" in msg
+
+
+def test_a_usage_error_in_a_rank_is_bad_input():
+    e = {"kind": "error", "rank": 1, "t": 1, "usage": True, "peer_loss": False,
+         "message": "UsageError: runner mutants:X: warm failed: RuntimeError: no"}
+    msg, usage = diagnose("qualify", 1, [e, CLOSED | {"t": 3}], 2, ROOT_SURVIVOR.replace("-9", "1"))
+    assert usage and msg == "qualify: rank 1 failed: UsageError: runner mutants:X: warm failed: RuntimeError: no"
+
+
+def test_torchrun_failures_parsed():
+    assert torchrun_failures(ROOT_SURVIVOR) == ([(1, -9), (0, 1)], (0, 1))
+    assert torchrun_failures("") == ([], None)
+
+
+def test_rank_states_say_how_and_where_each_rank_ended():
+    recs = [{"kind": "progress", "rank": 0, "done": 2, "total": 9, "what": "correct w=2"}, CLOSED,
+            {"kind": "progress", "rank": 1, "done": 3, "total": 9, "what": "correct w=3"},
+            {"kind": "beat", "rank": 1, "phase": "correct w=3", "call_case": "correct", "call_width": 3, "call_s": 7.5}]
+    rows = rank_states(recs, 2)
+    assert rows[0]["ended"] == "error (a lost peer's)" and rows[0]["progress"] == "2/9"
+    assert rows[1]["ended"] == "no final word" and "runner call of case correct w=3, 7.5 s in" in rows[1]["where"]
+
+
+def beat(d: Path, rank: int, **kw) -> None:
+    doc = {"rank": rank, "pid": kw.pop("pid", 0), "host": kw.pop("host", os.uname().nodename), "t": time.time(),
+           "phase": "correct w=4"} | kw
+    (d / f"rank{rank}.beat").write_text(json.dumps(doc))
+
+
+def test_watch_names_a_silent_rank_and_a_call_past_its_deadline(tmp_path):
+    w = Watch(tmp_path, 2, 1.0, "marker")
+    beat(tmp_path, 0)
+    beat(tmp_path, 1)
+    assert not w.check(now=100.0) and not w.check(now=102.9)  # no new beat, but within 1 + 2 s
+    beat(tmp_path, 0)  # rank 0 still beats, rank 1 does not
+    assert w.check(now=103.2) and w.culprits == [1] and "rank 1 hung: no heartbeat for 3.2 s" in w.verdict
+    (tmp_path / "0").unlink(missing_ok=True)
+    for name in ("setup", "call", "final"):
+        (tmp_path / name).mkdir()
+    w = Watch(tmp_path / "setup", 2, 1.0, "marker")
+    beat(tmp_path / "setup", 1, phase="set-up (process group, peer buffers, weights, warm)")
+    assert not w.check(now=0.0) and not w.check(now=20.0)  # set-up may hold the interpreter longer
+    assert w.check(now=31.0) and "no heartbeat for 31.0 s (limit 30 s)" in w.verdict
+    w = Watch(tmp_path / "call", 2, 1.0, "marker")
+    beat(tmp_path / "call", 1, call_case="run", call_width=16, call_s=5.5, call_deadline_s=5.0)
+    assert w.check(now=0.0) and w.culprits == [1]
+    assert "rank 1 hung in a runner call that did not return: case run w=16, 5.5 s in" in w.verdict
+    beat(tmp_path / "final", 1, final="done")  # a rank that said its last word is not watched
+    w = Watch(tmp_path / "final", 2, 1.0, "marker")
+    assert not w.check(now=0.0) and not w.check(now=60.0)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_watch_names_a_stopped_rank_and_kills_it(tmp_path):
+    marker = f"ffnq-watch-test-{tmp_path.name}"
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    try:
+        w = Watch(tmp_path, 2, 0.5, marker)
+        beat(tmp_path, 0, pid=p.pid)
+        assert not w.check(now=0.0)
+        p.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)
+        assert not w.check(now=0.1)  # stopped, but not yet for the timeout
+        assert w.check(now=0.7) and w.culprits == [0] and "rank 0 is stopped (process state T" in w.verdict
+        w.kill_culprits()
+        assert p.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        p.kill()
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")

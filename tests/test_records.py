@@ -2,8 +2,10 @@
 gather puts rank 0's rows in all.jsonl, the collectives reduce to this rank's own value, and main
 records start/done or the error around a job's body."""
 import json
+import os
 import random
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,7 @@ def test_main_records_start_rows_and_done_or_the_error(tmp_path, monkeypatch):
         records.main(lambda o, rec: (rec.row("t", {"x": o["x"]}), seen.append(rec)))
         assert seen[0].file.closed  # the rank's file, closed on the way out
         assert [g["kind"] for g in lines(tmp_path / "rank0.jsonl")] == ["start", "row", "done"]
+        assert lines(tmp_path / "rank0.jsonl")[0]["pid"] == os.getpid()
         assert lines(tmp_path / "all.jsonl")[0]["data"] == {"x": 7}
 
         def body(o, rec):
@@ -79,3 +82,61 @@ def test_main_records_start_rows_and_done_or_the_error(tmp_path, monkeypatch):
         torch.set_num_threads(threads)
     err = lines(tmp_path / "rank0.jsonl")[-1]
     assert err["kind"] == "error" and err["message"] == "ValueError: bad width" and "Traceback" in err["trace"]
+
+
+def test_main_marks_bad_input_and_lost_peers(tmp_path, monkeypatch):
+    """An error record says whether it is bad input (exit 2) or what a lost peer causes here
+    (never the verdict while the lost rank can be named)."""
+    from ffnq.errors import RankFault, UsageError
+
+    for var in ("RANK", "FFNQ_TEST_DIE_RANK", "FFNQ_TEST_HANG_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    opts = tmp_path / "opts.json"
+    opts.write_text(json.dumps({"result_dir": str(tmp_path)}))
+    monkeypatch.setattr(sys, "argv", ["job", str(opts)])
+    threads = torch.get_num_threads()
+    fault = RankFault({"rank": 0, "phase_name": "seam", "epoch": 3, "missing_ranks": [1], "waited_ns": 10**9})
+    from ffnq.jobs.rank import runner_error
+
+    cases = [(runner_error("x", "warm", RuntimeError("no")), True, False), (UsageError("grids differ"), False, False),
+             (RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:5"), False, True),
+             (fault, False, True), (ValueError("a kernel's own bug"), False, False)]
+    try:
+        for exc, usage, lost in cases:
+            def body(o, rec, exc=exc):
+                rec.phase("correct w=3")
+                raise exc
+            with pytest.raises(type(exc)):
+                records.main(body)
+            err = lines(tmp_path / "rank0.jsonl")[-1]
+            assert (err["usage"], err["peer_loss"], err["phase"]) == (usage, lost, "correct w=3"), err
+            beat = json.loads((tmp_path / "rank0.beat").read_text())
+            assert beat["final"] == "error" and beat["pid"] == os.getpid()
+        assert err["kind"] == "error" and lines(tmp_path / "rank0.jsonl")[-3]["missing"] == [1]
+        assert lines(tmp_path / "rank0.jsonl")[-9]["message"] == "UsageError: runner x: warm failed: RuntimeError: no"
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_heartbeat_carries_the_phase_the_call_and_the_counts(tmp_path):
+    rec = Records(str(tmp_path), 2, beat=True)
+    try:
+        rec.counts = lambda: {"steps": 41}
+        rec.progress(3, 9, "run w=16")
+        with rec.call("run", 16, 4.5):
+            time.sleep(3 * records.BEAT_S)
+            b = json.loads((tmp_path / "rank2.beat").read_text())
+        assert (b["rank"], b["phase"], b["call_case"], b["call_width"], b["call_deadline_s"]) == (2, "run w=16", "run",
+                                                                                               16, 4.5)
+        assert 0 < b["call_s"] < 4.5 and b["counts"] == {"steps": 41} and b["pid"] == os.getpid()
+        time.sleep(2 * records.BEAT_S)
+        assert "call_case" not in json.loads((tmp_path / "rank2.beat").read_text())
+    finally:
+        rec.close("done")
+    assert json.loads((tmp_path / "rank2.beat").read_text())["final"] == "done"
+    assert not rec._thread.is_alive()
+
+
+def test_call_deadline_follows_the_slowest_call():
+    assert records.call_deadline_s(1.0, None) == 1.0 + records.FIRST_CALL_S
+    assert records.call_deadline_s(1.0, 0.05, 2.5) == pytest.approx(1.0 + 2.5 + records.STEP_SLACK_S + 0.5)

@@ -35,12 +35,27 @@ class RankJob:
     checkpoint: str | None = None  # where full came from (None: synthetic from seed)
     layer: int | None = None
     routing: str = "uniform"  # the synthetic router's (weights.ROUTING)
+    backend: str = ""  # the name the runner was loaded by (a backend or package.module:Class)
 
     def runner(self, widths=None, timeline: bool = False, epoch: torch.Tensor | None = None,
                experts: Experts | None = None, **build) -> Runner:
-        r = self.runner_cls(self.tp, self.rank, self.peers.sym, self.peers.peers, self.device, widths=widths,
-                            experts=experts or self.experts, timeline=timeline, epoch=epoch, model=self.model,
-                            timeout=self.timeout, **build)
+        """A runner of this job; one whose construction or ``warm`` raises is bad input (a
+        UsageError naming the runner: exit 2), not a failed job."""
+        try:
+            r = self.runner_cls(self.tp, self.rank, self.peers.sym, self.peers.peers, self.device, widths=widths,
+                                experts=experts or self.experts, timeline=timeline, epoch=epoch, model=self.model,
+                                timeout=self.timeout, **build)
+        except Exception as e:  # noqa: BLE001 - a plug-in's own failure, named
+            raise runner_error(self.backend, "__init__", e) from e
+        warm = r.warm
+
+        def guarded_warm(*args, **kwargs):
+            try:
+                return warm(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - as above
+                raise runner_error(self.backend, "warm", e) from e
+
+        r.warm = guarded_warm
         self.runners.append(r)
         return r
 
@@ -104,4 +119,14 @@ def setup(backend: str, model: str | ModelSpec, experts: str | Experts = "all", 
     weights = shard(full, spec, tp, rank, experts)
     peers = runner_cls.open_peers(spec, tp, rank, device, shared_tag())
     return RankJob(rank, tp, spec, runner_cls, experts, timeout, seed, device, peers, full, weights,
-                   checkpoint=checkpoint, layer=layer, routing=routing)
+                   checkpoint=checkpoint, layer=layer, routing=routing, backend=backend)
+
+
+def runner_error(name: str, where: str, e: Exception) -> UsageError:
+    """A runner's own failure in ``__init__`` or ``warm``, one line naming it (a UsageError
+    raised there keeps its words, prefixed)."""
+    what = str(e).splitlines()[0] if str(e) else ""
+    kind = "" if isinstance(e, UsageError) else f"{type(e).__name__}: "
+    err = UsageError(f"runner {name}: {where} failed: {kind}{what}")
+    err.bad_input = True  # records.main marks it so: the launcher ends the job as exit 2
+    return err
