@@ -22,7 +22,7 @@ def fake_backend(tmp_path, monkeypatch):
     sys.modules.pop("fake_offline", None)
 
 
-@pytest.mark.parametrize("inner", [1, 2], ids=["pool", "in-process"])  # 2 cores / 2 inner: one width at a time
+@pytest.mark.parametrize("inner", [1, 64], ids=["widths-in-parallel", "one-width-at-a-time"])
 def test_every_width_once_in_order_with_a_line_per_width(fake_backend, capsys, inner):
     rows = warm.compile_widths(fake_backend, (None, 2, None, "gfx942"), [16, 1, 3, 8], "fake gfx942", inner=inner)
     assert [r["width"] for r in rows] == [16, 1, 3, 8]

@@ -133,13 +133,14 @@ def compile_widths(module: str, args: tuple, widths: list[int], label: str, inne
     """Every width through ``module``.warm_table(*args, [width]): as many widths at once as the
     cores allow (each takes ``inner`` processes itself), a bar per width in flight (elapsed, and
     the time left going by the widths done so far) under one for the whole table (elapsed, ETA).
-    Rows in width order."""
+    Rows in width order. Even one width at a time goes to a worker process: this one keeps the
+    bars moving meanwhile."""
     import os
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     console = Console(stderr=True)
     live = progress and console.is_terminal
@@ -157,20 +158,11 @@ def compile_widths(module: str, args: tuple, widths: list[int], label: str, inne
                           f"{time.monotonic() - t_start:.0f} s so far, about {left:.0f} s left)", highlight=False,
                           soft_wrap=True)
 
-    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
                    disable=not live)
     with bar:
-        whole = bar.add_task(f"warm {label}: widths", total=len(widths))
-        if workers == 1:  # no pool to feed: this process, width after width (each may still use `inner`)
-            for w in widths:
-                task = bar.add_task(f"  width {w}", total=None)
-                rows, wall = _one_width(module, args, w)
-                done[w], took = rows, took + [wall]
-                bar.update(task, total=1, completed=1, description=f"  width {w}: {wall:.1f} s")
-                bar.advance(whole)
-                said(w, wall)
-            return [r for w in widths for r in done[w]]
+        whole = bar.add_task(f"warm {label}", total=len(widths), count=f"0/{len(widths)} widths")
         import multiprocessing as mp
 
         todo = list(widths)
@@ -179,8 +171,8 @@ def compile_widths(module: str, args: tuple, widths: list[int], label: str, inne
             while todo or running:
                 while todo and len(running) < workers:  # a bounded window: submitted = started
                     w = todo.pop(0)
-                    running[ex.submit(_one_width, module, args, w)] = (w, bar.add_task(f"  width {w}", total=None),
-                                                                        time.monotonic())
+                    task = bar.add_task(f"  width {w}", total=None, count="")
+                    running[ex.submit(_one_width, module, args, w)] = (w, task, time.monotonic())
                 finished, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 mean = sum(took) / len(took) if took else None
                 for f, (w, task, t0) in list(running.items()):
@@ -189,7 +181,7 @@ def compile_widths(module: str, args: tuple, widths: list[int], label: str, inne
                         del running[f]
                         done[w], took = rows, took + [wall]
                         bar.update(task, total=1, completed=1, description=f"  width {w}: {wall:.1f} s")
-                        bar.advance(whole)
+                        bar.update(whole, advance=1, count=f"{len(done)}/{len(widths)} widths")
                         said(w, wall)
                     elif mean:  # the bar of a width in flight fills by the mean of those done
                         el = time.monotonic() - t0
