@@ -228,6 +228,7 @@ def test_report_command_names_a_triton_tune_override(monkeypatch):
     assert _meta({})["command"] == "FFNQ_TRITON_TUNE=LL=0,BH=128 ffnq bench --backend triton"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_s_layer_is_qualified_and_named(tmp_path):
     """--checkpoint/--checkpoint-layer: a layer it lacks or a model it is not refused before any rank (exit
     2, one line, nothing written); its layer qualified on 2 ranks, named in the title and report."""

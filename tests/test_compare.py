@@ -197,6 +197,7 @@ def ffnq(*args, tmp: Path) -> subprocess.CompletedProcess:
                           timeout=600, cwd=tmp)
 
 
+@pytest.mark.slow
 def test_relative_gate_catches_a_slower_run(tmp_path):
     common = ["--tp", "2", "--model", "tiny", "--widths", "1,2", "--rep-ms", "300", "--baselines", "none"]
     p = ffnq("bench", "--backend", "cpu", *common, "--out", str(tmp_path / "base"), tmp=tmp_path)
@@ -232,6 +233,7 @@ bench = "{base}"
     assert (next((tmp_path / "cmp").glob("*-compare-*")) / "latency.png").is_file()
 
 
+@pytest.mark.slow
 def test_bench_phase_split_places_the_experts(tmp_path):
     p = ffnq("bench", "--backend", "cpu", "--tp", "2", "--model", "tiny", "--widths", "4", "--rep-ms", "200",
              "--baselines", "none", "--phase-split", "--json", "--out", str(tmp_path), tmp=tmp_path)

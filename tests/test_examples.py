@@ -3,12 +3,14 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from helpers import ffnq, one_report
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_my_runner_qualifies_by_import_path(tmp_path):
     r = ffnq("qualify", "--runner", "examples.my_runner:MyRunner", "--tp", "2", "--widths", "2", "--inject-rank", "0",
              "--out", tmp_path, env={"PYTHONPATH": str(ROOT)})

@@ -32,6 +32,7 @@ def _clean_env():
     assert after == before, "offline compile must restore the environment it changes"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
 def test_tiny_widths_compile_and_are_resident(target):
     spec = load_model("tiny")
@@ -65,6 +66,7 @@ def test_modes_and_timeline_compile():
     assert r["kernel"].endswith("_tl") and r["resident"] == "yes"
 
 
+@pytest.mark.slow
 def test_minimax_widest_width_both_targets(tmp_path):
     for target in TARGETS:
         (r,) = offline.offline_table("minimax-m2", 2, "all", target, [16], keep_isa=str(tmp_path))

@@ -43,6 +43,7 @@ def test_step_timer_times_one_step_again_and_again():
     assert len(s) == 5 and len(calls) == 3 + 2 + 5 and all(x >= 0 for x in s)
 
 
+@pytest.mark.slow
 def test_bench_estimate_and_samples_share_one_timer(tmp_path):
     """Each (width, variant) of a bench makes one timer, asks it for the 3-call estimate, then for
     the warm-up and samples (and the fused step's for one more call, checked): the step is captured
@@ -104,6 +105,7 @@ def test_bench_deadline_counts_the_idle_before_each_burst():
     assert four.deadline() - one.deadline() == pytest.approx(4 * 0.5 * 3)
 
 
+@pytest.mark.slow
 def test_bench_floor_is_the_mean_over_the_weight_sets():
     """A timed step runs every weight set, each with its own router: the floor's bytes are the
     mean of the sets' touched experts (from the fp64 routing of each set), not set 0's."""
@@ -161,6 +163,7 @@ def test_warm_tp2(tmp_path):
     assert t.kernel[0] == "ffn_tiny_s1_tp2_all" and (t.grid > 0).all()
 
 
+@pytest.mark.slow
 def test_qualify_catches_a_planted_bug(tmp_path):
     """Padding rows sent to experts: the padded cases FAIL with the evidence, the others PASS."""
     r = ffnq("qualify", "--runner", "mutants:PaddingToExperts", "--tp", "2", "--widths", "3", "--out", tmp_path)
@@ -171,6 +174,7 @@ def test_qualify_catches_a_planted_bug(tmp_path):
     assert "nonzero in padding rows" in cases.loc["correct+padding", "evidence"]
 
 
+@pytest.mark.slow
 def test_bench_holds_the_kernel_to_the_qualify_standard_not_a_baselines(tmp_path):
     """A fused step 2% off the oracle is within a bf16 baseline's 3e-2 but not the kernel's 1e-2:
     bench must refuse to time it (the check, not the timing, is the verdict)."""
@@ -182,6 +186,7 @@ def test_bench_holds_the_kernel_to_the_qualify_standard_not_a_baselines(tmp_path
     assert "p50_us" not in row or pd.isna(row.p50_us)  # not timed
 
 
+@pytest.mark.slow
 def test_bench_checks_what_it_timed(tmp_path):
     """A runner whose first call at a width is right and whose later calls hand back those outputs
     untouched passes the check before timing; the timed step's outputs, poisoned and made again by
@@ -193,6 +198,7 @@ def test_bench_checks_what_it_timed(tmp_path):
     assert (t.check == "FAIL").all() and t.detail.str.contains("timed step's outputs differ").all(), t.to_dict()
 
 
+@pytest.mark.slow
 def test_a_dead_rank_is_named(tmp_path):
     t0 = time.monotonic()
     r = ffnq("qualify", "--backend", "cpu", "--tp", "2", "--widths", "1", "--out", tmp_path,
@@ -202,6 +208,7 @@ def test_a_dead_rank_is_named(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_ranks_with_different_grids_are_refused(tmp_path):
     """The grid follows each rank's GPU (TritonRunner: 2 CTAs per SM); ranks whose GPUs differ
     would size their peer buffers and flags apart, so the job stops before building any."""
@@ -211,6 +218,7 @@ def test_ranks_with_different_grids_are_refused(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_a_hung_job_is_killed_at_its_deadline(tmp_path):
     t0 = time.monotonic()
     r = ffnq("qualify", "--backend", "cpu", "--tp", "2", "--widths", "1", "--deadline", "12", "--out", tmp_path,
@@ -242,6 +250,7 @@ def test_jobs_give_warm_the_gpus_compute_units(monkeypatch):
         assert warms and all("compute_units()" in ln for ln in warms), (mod.__name__, warms)
 
 
+@pytest.mark.slow
 def test_bench_checks_every_weight_set_it_times(tmp_path):
     """bench on a GPU times each width over four weight sets; check_set holds every width on each
     further set to its own fp64 oracle first, so a runner that reads stale weights is refused

@@ -74,6 +74,7 @@ def test_load_report_refuses_bytes_that_are_not_utf8(tmp_path):
         load_report(tmp_path)
 
 
+@pytest.mark.slow
 def test_report_verb_on_a_malformed_folder_is_one_line_exit_2(tmp_path):
     from helpers import ffnq
 

@@ -98,6 +98,7 @@ def test_two_ranks_step_fault_and_recover_through_the_adapter():
         assert g["epoch_after_reset"] == 0
 
 
+@pytest.mark.slow
 def test_a_region_the_runner_lacks_is_not_readable_never_a_pass():
     got = run_ranks(_steps, 2, SEED, "fault=,route=none_such", timeout=240)
     for g in got:

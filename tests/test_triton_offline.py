@@ -23,6 +23,7 @@ def tables():
     return {t: offline.offline_table(spec, 2, Experts.ALL, t, widths=[1, 16]) for t in TARGETS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
 def test_table_rows(tables, target):
     rows = tables[target]
@@ -55,6 +56,7 @@ def test_grid_too_large_is_not_resident():
     assert r["ctas_per_cu"] * r["cus"] < 4096
 
 
+@pytest.mark.slow
 def test_local_and_none_modes_compile():
     spec = load_model("tiny")
     for ex in (Experts.LOCAL, Experts.NONE):
@@ -168,6 +170,7 @@ def test_launch_and_sync_choices(monkeypatch):
     assert opts(cx(3))["maxnreg"] == 160
 
 
+@pytest.mark.slow
 def test_the_grid_follows_the_device(monkeypatch):
     """On NVIDIA the grid is 2 CTAs per SM of the job's GPU (264 on an H200 or H100 SXM, 228 on an
     H100 PCIe, 156 on an H20), 3 per SM where a width's build fits 3 and was measured faster
@@ -310,6 +313,7 @@ def _claims_and_items(r, S: int) -> tuple[int, list]:
     return int(r.view(S, "sync")[g["QUEUE_AT"]]), items
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["", "ROW_PICK_FROM=8", "ROW_PICK_MAX_CTAS=4", "LOGIT_FMA_ROWS=4", "SOLO=0",
                                   "DOWN_KSPLIT=2", "DOWN_FP8=0", "DOWN_FP8=1", "DOWN_ACT_TERMS=4", "WORK_QUEUE=1",
@@ -337,6 +341,7 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_tp1_whole_rows_router(monkeypatch):
     """FULL_ROWS: every CTA reads the two whole rows for rstd and its own experts' logits, in phase A,
@@ -355,6 +360,7 @@ def test_interpreter_tp1_whole_rows_router(monkeypatch):
     assert r.fault(2) is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("blocks", [12, 7])
 def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
@@ -376,6 +382,7 @@ def test_interpreter_grid_with_a_partial_last_chunk(blocks, monkeypatch):
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["WORK_QUEUE=1,UP_KSPLIT=2", "WORK_QUEUE=1,UP_KSPLIT=2,EARLY_HEADER=3"])
 def test_interpreter_items_taken_from_counters(tune, monkeypatch):
@@ -428,6 +435,7 @@ def test_progressive_sum_counters(monkeypatch):
         G.geometry(offline.build_key(spec, 1, Experts.ALL, 2))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune, blocks", [("", None), ("DOWN_KSPLIT=2", None), ("", 7)])
 def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
@@ -458,6 +466,7 @@ def test_interpreter_progressive_sum(tune, blocks, monkeypatch):
     assert n_act > 1 and (cnt[:n_act] == g["DOWN_KSPLIT"]).all() and (cnt[n_act:] == 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["SUM_OWN_SLOTS=1", "SUM_OWN_SLOTS=2", "SUM_OWN_SLOTS=2,DOWN_KSPLIT=2",
                                   "SUM_OWN_SLOTS=2,EARLY_HEADER=3"])
@@ -494,6 +503,7 @@ def test_interpreter_sum_of_each_rows_own_slots(tune, monkeypatch):
     assert (written == (routed.T[:, None, :] if geo["SUM_OWN_SLOTS"] == 2 else True)).all()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["UP_KSPLIT=2", "UP_KSPLIT=2,LOGIT_FMA_ROWS=8"])
 def test_interpreter_row_topk_and_split_k(tune, monkeypatch):
@@ -516,6 +526,7 @@ def test_interpreter_row_topk_and_split_k(tune, monkeypatch):
     assert torch.allclose(r.view(S, "route_w")[live].double(), ref.weights[live], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_partial_logits_in_passes(monkeypatch):
     """LOGIT_FMA_ROWS=16 at eleven rows (one padding): phase A's partial logits over the 16-row live tile in
@@ -528,6 +539,7 @@ def test_interpreter_partial_logits_in_passes(monkeypatch):
     _assert_step_matches(r, out, ref, slots)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("tune", ["TAGGED_WORDS=1", "TAGGED_WORDS=0", "TAGGED_WORDS=1,FULL_ROWS=2"])
 def test_interpreter_fault_protocol_tp2_in_one_process(tune, monkeypatch):
@@ -579,6 +591,7 @@ def test_interpreter_fault_protocol_tp2_in_one_process(tune, monkeypatch):
             symm.BUFFERS.pop(b.data_ptr(), None)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 @pytest.mark.parametrize("experts,tune", [(Experts.ALL, ""), (Experts.LOCAL, ""), (Experts.NONE, ""),
                                           (Experts.ALL, "TAGGED_WORDS=0"), (Experts.ALL,
@@ -655,6 +668,7 @@ def _topk_kernel(lg_ptr, b_ptr, sel_ptr, w_ptr, R: tl.constexpr, E: tl.constexpr
     tl.store(w_ptr + r[:, None] * E + e[None, :], w)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_topk_by_sort_matches_max_rounds():
     """SORT_TOPK: the router's top-k as one partial bitonic sort picks the same experts with the
