@@ -8,11 +8,16 @@ A config (configs/gates/*.toml):
     [options]                 # every job's options (the verbs' long names, '-' or '_')
     backend = "cpu"
     [[job]]                   # in order; a job's keys override [options]
-    verb = "qualify"          # warm | qualify | bench
+    verb = "qualify"          # warm | qualify | bench | soak
     widths = "1-4,16"
+    [[job]]
+    verb = "soak"             # steps, runners, check_every, random_padding: soak's own keys
+    steps = 1500
     [thresholds]
     resident = true           # every warm width resident (n/a: no occupancy query, not judged)
     qualify_all_pass = true   # every qualify case PASS
+    soak_clean = true         # the soak ran every step on every rank: no mismatch, stale match,
+                              # rank disagreement or fault, and no rank died or hung
     p50_us_max = 2000         # every bench width; or a table { "1" = 500, "16" = 2000 }
     speedup_unfused_min = 1.0 # bench p50 beats the unfused baseline by at least this factor
     speedup_stock_min = 1.0   # likewise for the stock composition (GPU)
@@ -40,22 +45,25 @@ from xml.sax.saxutils import escape, quoteattr
 import pandas as pd
 
 from ffnq.errors import UsageError
+from ffnq.options import cut, shown
 from ffnq.spec import is_int, is_number
 
-VERBS = ("warm", "qualify", "bench")
+VERBS = ("warm", "qualify", "bench", "soak")
 SECTIONS = {"name", "device", "options", "job", "thresholds", "compare"}
 OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout", "seed", "inject_rank", "layers",
                "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint", "routing",
-               "checkpoint", "checkpoint_layer"}
-THRESHOLDS = {"resident", "qualify_all_pass", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
+               "checkpoint", "checkpoint_layer", "steps", "runners", "check_every", "random_padding"}
+THRESHOLDS = {"resident", "qualify_all_pass", "soak_clean", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
               "speedup_stock_nccl_min", "speedup_stock_symm_min", "speedup_vllm_min", "speedup_vllm_nccl_min",
               "max_slower_pct", "no_new_fail"}
-SWITCHES = {"resident": "warm", "qualify_all_pass": "qualify", "no_new_fail": None}  # true / false
+SWITCHES = {"resident": "warm", "qualify_all_pass": "qualify", "soak_clean": "soak", "no_new_fail": None}
 
 
 # each option's TOML type, as the verb's own flag takes it; the ranges are launch.validate's
 OPTION_TYPES = {
-    **dict.fromkeys(("tp", "seed", "layers", "nnodes", "checkpoint_layer"), ("an integer", is_int)),
+    **dict.fromkeys(("tp", "seed", "layers", "nnodes", "checkpoint_layer", "steps", "runners", "check_every"),
+                    ("an integer", is_int)),
+    "random_padding": ("true or false", lambda v: isinstance(v, bool)),
     **dict.fromkeys(("timeout", "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "deadline"), ("a finite number", is_number)),
     **dict.fromkeys(("backend", "runner", "model", "experts", "baselines", "rdzv_endpoint", "checkpoint", "routing"),
                     ("a string", lambda v: isinstance(v, str))),
@@ -68,14 +76,14 @@ OPTION_TYPES = {
 def _check_options(p: Path, where: str, opts: dict) -> None:
     for k, v in opts.items():
         if k in OPTION_TYPES and not OPTION_TYPES[k][1](v):
-            raise UsageError(f"gate config {p}: {where} {k} = {v!r}: need {OPTION_TYPES[k][0]}")
+            raise UsageError(f"gate config {p}: {where} {k} = {shown(v)}: need {OPTION_TYPES[k][0]}")
 
 
 def _table(p: Path, cfg: dict, key: str) -> dict:
     """A top-level [key] table ({} when absent); anything else is refused, not read as one."""
     v = cfg.get(key, {})
     if not isinstance(v, dict):
-        raise UsageError(f"gate config {p}: {key} = {v!r}: need a [{key}] table")
+        raise UsageError(f"gate config {p}: {key} = {shown(v)}: need a [{key}] table")
     return v
 
 
@@ -90,13 +98,13 @@ def load_gate(path: str | Path) -> dict:
         raise UsageError(f"gate config {p}: malformed TOML ({e})") from None
     bad = set(cfg) - SECTIONS
     if bad:  # a misspelt section ([threshold]) would leave its checks out without a word
-        raise UsageError(f"gate config {p}: unknown key(s) or section(s) {', '.join(sorted(bad))}; allowed "
+        raise UsageError(f"gate config {p}: unknown key(s) or section(s) {cut(', '.join(sorted(bad)))}; allowed "
                          f"{', '.join(sorted(SECTIONS))}")
     if not isinstance(cfg.get("name", ""), str):
-        raise UsageError(f"gate config {p}: name = {cfg['name']!r}: need a string")
+        raise UsageError(f"gate config {p}: name = {shown(cfg['name'])}: need a string")
     device = cfg.get("device")
     if device is not None and not (isinstance(device, str) and device.strip()):
-        raise UsageError(f"gate config {p}: device = {device!r}: need a GPU model's name, e.g. 'H200'")
+        raise UsageError(f"gate config {p}: device = {shown(device)}: need a GPU model's name, e.g. 'H200'")
     norm = lambda d: {k.replace("-", "_"): v for k, v in d.items()}  # noqa: E731
     base = norm(_table(p, cfg, "options"))
     _check_options(p, "[options]", base)
@@ -106,31 +114,31 @@ def load_gate(path: str | Path) -> dict:
     out = []
     for i, j in enumerate(jobs):
         if not isinstance(j, dict):
-            raise UsageError(f"gate config {p}: job {i + 1} = {j!r}: need a [[job]] table with verb = "
+            raise UsageError(f"gate config {p}: job {i + 1} = {shown(j)}: need a [[job]] table with verb = "
                              f"{' | '.join(VERBS)}")
         j = norm(j)
         verb = j.pop("verb", None)
         if verb not in VERBS:
-            raise UsageError(f"gate config {p}: job {i + 1} verb {verb!r}; allowed {', '.join(VERBS)}")
+            raise UsageError(f"gate config {p}: job {i + 1} verb {shown(verb)}; allowed {', '.join(VERBS)}")
         _check_options(p, f"job {i + 1}", j)
         opts = base | j
         bad = set(opts) - OPTION_KEYS
         if bad:
-            raise UsageError(f"gate config {p}: unknown option(s) {', '.join(sorted(bad))}; allowed "
+            raise UsageError(f"gate config {p}: unknown option(s) {cut(', '.join(sorted(bad)))}; allowed "
                              f"{', '.join(sorted(OPTION_KEYS))}")
         out.append((verb, opts))
     th = norm(_table(p, cfg, "thresholds"))
     bad = set(th) - THRESHOLDS
     if bad:
-        raise UsageError(f"gate config {p}: unknown threshold(s) {', '.join(sorted(bad))}; allowed "
+        raise UsageError(f"gate config {p}: unknown threshold(s) {cut(', '.join(sorted(bad)))}; allowed "
                          f"{', '.join(sorted(THRESHOLDS))}")
     cmp = _table(p, cfg, "compare")
     for verb, rel in cmp.items():
         if not isinstance(rel, str):
-            raise UsageError(f"gate config {p}: [compare] {verb} = {rel!r}: need a report folder (a string)")
+            raise UsageError(f"gate config {p}: [compare] {verb} = {shown(rel)}: need a report folder (a string)")
         path = (p.parent.parent.parent / rel) if not Path(rel).is_absolute() and not Path(rel).exists() else Path(rel)
         if verb not in VERBS or not (path / "results.json").is_file():
-            raise UsageError(f"gate config {p}: [compare] {verb} = {rel!r}: need a job name ({', '.join(VERBS)}) "
+            raise UsageError(f"gate config {p}: [compare] {verb} = {shown(rel)}: need a job name ({', '.join(VERBS)}) "
                              f"and a report folder with results.json")
         cmp[verb] = str(path)
     _check_thresholds(p, th, out, cmp)
@@ -181,7 +189,7 @@ def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: dict
     for key, v in th.items():
         if key in SWITCHES:
             if not isinstance(v, bool):
-                raise UsageError(f"gate config {p}: threshold {key} = {v!r}: allowed true or false")
+                raise UsageError(f"gate config {p}: threshold {key} = {shown(v)}: allowed true or false")
             if v and SWITCHES[key]:
                 need_job(key, SWITCHES[key])
             continue
@@ -189,11 +197,11 @@ def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: dict
             ran = {w for verb, o in jobs if verb == "bench" for w in _widths(o)}
             for w, us in v.items():
                 if not (str(w).isdigit() and int(w) in ran) or not num(key, us):
-                    raise UsageError(f"gate config {p}: p50_us_max {{ {w!r} = {us!r} }}: need a width a bench job "
+                    raise UsageError(f"gate config {p}: p50_us_max {{ {shown(w)} = {shown(us)} }}: need a width a bench job "
                                      f"runs ({', '.join(map(str, sorted(ran))) or 'none'}) = a finite number of us "
                                      "> 0")
         elif not num(key, v):
-            raise UsageError(f"gate config {p}: threshold {key} = {v!r}: need {need(key)}")
+            raise UsageError(f"gate config {p}: threshold {key} = {shown(v)}: need {need(key)}")
         need_job(key, "bench")
         if key == "max_slower_pct" and "bench" not in cmp:
             raise UsageError(f"gate config {p}: threshold {key} judges the bench [compare] base, which this config "
@@ -288,7 +296,8 @@ def job_options(opts: dict, verb: str):
     o = dict(opts)
     kw = {k: o[k] for k in ("backend", "runner", "model", "experts", "rdzv_endpoint", "checkpoint",
                             "checkpoint_layer", "inject_rank", "baselines", "routing") if k in o}
-    kw |= {k: int(o[k]) for k in ("tp", "seed", "nnodes", "layers") if k in o}
+    kw |= {k: int(o[k]) for k in ("tp", "seed", "nnodes", "layers", "steps", "runners", "check_every") if k in o}
+    kw |= {k: bool(o[k]) for k in ("random_padding",) if k in o}
     kw |= {k: float(o[k]) for k in ("timeout", "deadline", "rep_ms", "warmup_ms", "burst_ms", "idle_ms") if k in o}
     return for_verb(verb, widths=str(o.get("widths", "all")), **kw)
 
@@ -318,6 +327,14 @@ def checks(verb: str, table: pd.DataFrame, th: dict, report: str) -> list[dict]:
         add("every qualify case PASS", bad.empty,
             f"{len(table) - len(bad)}/{len(table)} PASS" + (f"; failed: {', '.join(bad.case)}" if len(bad) else ""),
             "all PASS")
+    if verb == "soak" and th.get("soak_clean"):
+        error = table.attrs.get("error")
+        n = {c: int(table[c].sum()) if c in table else 0 for c in ("mismatches", "stale", "disagree", "faults")}
+        steps = int(table.steps.min()) if "steps" in table and len(table) else 0
+        ok = not error and len(table) and not any(n.values())
+        add("soak clean", bool(ok), f"{steps} steps on every rank, {n['mismatches']} mismatches, {n['stale']} stale, "
+            f"{n['disagree']} disagreements, {n['faults']} faults" + (f"; {error}" if error else ""),
+            "none, every step")
     if verb == "bench":
         limit = th.get("p50_us_max")
         if limit is not None:
@@ -365,16 +382,18 @@ def run_gate(config: str, out: Path, json_out: bool) -> int:
     import time
 
     from ffnq.report import error_line, footer, saved, show_table, write_report
-    from ffnq.verbs import meta, run_bench, run_qualify, run_warm
+    from ffnq.verbs import meta, run_bench, run_qualify, run_soak, run_warm
 
     cfg = load_gate(config)
     jobs = [(verb, job_options(o, verb)) for verb, o in cfg["jobs"]]  # every job validated before any runs
     check_device(cfg, jobs)
     t0 = time.monotonic()
     rows = []
-    runners = {"warm": run_warm, "qualify": run_qualify, "bench": run_bench}
+    runners = {"warm": run_warm, "qualify": run_qualify, "bench": run_bench, "soak": run_soak}
     for verb, opts in jobs:
         table, path = runners[verb](opts, out, json_out)
+        if verb == "soak":  # (table, error): its report and error ride on the table
+            path = table.attrs["report"]
         rows += checks(verb, table, cfg["thresholds"], str(path))
         if verb in cfg["compare"]:
             rows += relative_checks(verb, cfg["compare"][verb], str(path), cfg["thresholds"])

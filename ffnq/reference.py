@@ -259,6 +259,7 @@ ATOL_RMS = 5e-2
 # a ceiling for checks that have no per-step bound (bench's check of the fused step); qualify and
 # soak judge rel_err by the step's own rel_bound (Reference.rel_bound_out / rel_bound_res)
 MAX_REL_ERR = 1e-2
+ROUTE_W_ATOL = 1e-4  # routing weights (each ~1/k, summing to 1) against the oracle's
 
 
 def compare(got: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None = None) -> dict:
@@ -283,3 +284,71 @@ def compare(got: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None = No
         row, col = divmod(i, diff.shape[-1])
         worst = {"row": row, "col": col, "expected": float(r.view(-1)[i]), "got": float(g.view(-1)[i])}
     return {"rel_err": rel, "wrong": wrong, "nan": nan, "elements": int(r.numel()), "worst": worst}
+
+
+def disagreement(mine: torch.Tensor, theirs: torch.Tensor, rtol: float = 0.0) -> tuple[int, int, float]:
+    """Two ranks' [out, res_out] (flattened, concatenated, equal halves) elementwise: (elements of
+    out that differ, of res_out, the largest difference over that output's RMS). Equal means bit
+    for bit (NaN equals NaN) or, with ``rtol``, within rtol x (|value| + the output's RMS)."""
+    a, b, half = mine.double(), theirs.double(), mine.numel() // 2
+    counts, worst = [], 0.0
+    for part in (slice(0, half), slice(half, mine.numel())):
+        x, y = a[part], b[part]
+        same = (x == y) | (torch.isnan(x) & torch.isnan(y))
+        rms = float(y.nan_to_num(0).pow(2).mean().sqrt()) if y.numel() else 0.0
+        if rtol:
+            same |= (x - y).abs() <= rtol * (y.abs() + rms)
+        off = ~same
+        counts.append(int(off.sum()))
+        if off.any():
+            worst = max(worst, float((x - y).abs().nan_to_num(float("inf"))[off].max()) / (rms or 1.0))
+    return counts[0], counts[1], worst
+
+
+def _ratio(err: float, bound: float) -> float:
+    return err / bound if bound > 0 else (0.0 if err == 0 else float("inf"))
+
+
+def evidence(r, s, out, res_out, ref: Reference, slots) -> dict:
+    """One checked step of runner ``r`` at width ``s`` against the oracle ``ref``: rel_err and
+    rel_bound (of out, unless res_out is over its bound and nearer it), elements beyond tolerance
+    (padding rows must be 0), the route and its weights; the texts a FAIL's evidence quotes."""
+    c_out, c_res = compare(out, ref.out), compare(res_out, ref.res_out)
+    m_out, m_res = _ratio(c_out["rel_err"], ref.rel_bound_out), _ratio(c_res["rel_err"], ref.rel_bound_res)
+    pad = (slots[:s] < 0).to(out.device)
+    pad_nonzero = int((out[pad] != 0).sum())
+    got = r.chosen(s).cpu().sort(-1).values
+    want = ref.chosen.cpu()
+    bad_rows = ~(got == want).all(-1)
+    tie = ref.near_tie.cpu()
+    mismatch = bad_rows  # the reference already took the kernel's pick where a near tie allows it
+    # the routing weights the kernel reports for its experts (a padding row's are 0): fp32 from fp32
+    # logits, so within ROUTE_W_ATOL of the oracle's (a weight off by that moves the output under
+    # bf16's step); rows whose experts differ are already counted above
+    w_got = r.chosen_weights(s).cpu().double()
+    wdiff = (w_got - ref.weights.cpu()).abs()[~bad_rows].nan_to_num(float("inf"))
+    w_wrong = int((wdiff > ROUTE_W_ATOL).sum())
+    worst_c = c_out if (m_out, c_out["wrong"]) >= (m_res, c_res["wrong"]) else c_res
+    w = worst_c["worst"] or {}
+    which = "out" if worst_c is c_out else "res_out"
+    # rel_err and rel_bound: out's, unless res_out is over its bound and nearer it than out
+    near, bnd, margin = (c_res, ref.rel_bound_res, m_res) if 1 < m_res > m_out else (c_out, ref.rel_bound_out, m_out)
+    over = [f"{name} rel_err {c['rel_err']:.3g} > its bound {b:.3g}" for name, c, b, m in
+            (("out", c_out, ref.rel_bound_out, m_out), ("res_out", c_res, ref.rel_bound_res, m_res)) if m > 1]
+    ev = {"rel_err": near["rel_err"], "rel_bound": bnd, "margin": margin, "over_bound": bool(over),
+          "wrong": c_out["wrong"] + c_res["wrong"] + pad_nonzero,
+          "elements": c_out["elements"] + c_res["elements"], "route_rows": s,
+          "route_mismatch": int(mismatch.sum()), "route_excused": int((tie & ~bad_rows).sum()),
+          "route_w_wrong": w_wrong,
+          "worst_txt": ("; ".join(over) + ("; " if over else "")
+                        + f"{which}[{w.get('row')},{w.get('col')}] expected {w.get('expected', 0):.5g} got "
+                        f"{w.get('got', 0):.5g}; {c_out['wrong'] + c_res['wrong']} wrong"
+                        + (f", {pad_nonzero} nonzero in padding rows" if pad_nonzero else ""))}
+    if mismatch.any():
+        i = int(mismatch.nonzero()[0])
+        ev["route_txt"] = f"route row {i}: expected {want[i].tolist()} got {got[i].tolist()}"
+    elif w_wrong:
+        row = int((~bad_rows).nonzero().flatten()[int(wdiff.argmax()) // wdiff.shape[1]])
+        ev["route_txt"] = (f"route_w row {row}: expected {ref.weights[row].tolist()} got "
+                           f"{w_got[row].tolist()}; {w_wrong} weights off by > {ROUTE_W_ATOL:g}")
+    return ev

@@ -89,25 +89,52 @@ def _weights(opts) -> str:
 
 
 def run_qualify(opts, out: Path, json_out: bool):
-    """Launch qualify, show its tables, write its report; (cases, report path)."""
+    """Launch qualify, show its tables, write its report; (cases, report path). A job cut short
+    (a rank died or hung, the deadline passed) after a case finished still reports every case
+    that finished, each case some rank did not finish as FAIL, and a last ``cut short`` FAIL row
+    saying why, with where each rank was (table ``ranks``); before any, it raises as it was."""
     from ffnq import launch
     from ffnq.jobs.qualify import summarize
+    from ffnq.report import error_line
     from ffnq.timeline import handshake
 
-    res = launch.run(opts, progress=not json_out)
-    cases = summarize(res.tables["cases"])
-    tl = res.tables.get("timeline")
-    hs = handshake(tl[tl.case.str.startswith("inject-under")], opts.tp) if tl is not None else None
-    failed = int((cases.status != "PASS").sum())
-    verdict = f"{len(cases)} cases, {failed} failed: " + ("FAILED" if failed else "OK")
-    cols = ["case", "width", "status", "rel_err", "wrong", "elements", "route_agree", "fault", "wall_ms", "evidence"]
-    show_table(cases, json_out=json_out, columns=cols,
+    error, ranks = None, None
+    try:
+        res = launch.run(opts, progress=not json_out)
+        tabs, info = res.tables, meta(opts, res)
+    except launch.LaunchError as e:
+        error, tabs, info = str(e), launch.tables(e.records), meta(opts) | {"error": str(e)}
+        ranks = pd.DataFrame(e.ranks) if e.ranks else None
+        if "cases" not in tabs:  # no case finished (a rank died setting up): nothing to keep
+            raise
+    cases = summarize(tabs["cases"], opts.tp) if "cases" in tabs else pd.DataFrame(columns=["case", "width", "status"])
+    tl = tabs.get("timeline")
+    hs = None
+    if error:
+        done = int((cases.status == "PASS").sum())
+        cases = pd.concat([cases, pd.DataFrame([{"case": "cut short", "width": 0, "status": "FAIL",
+                                                 "evidence": error}])], ignore_index=True)
+        verdict = (f"cut short after {len(cases) - 1} cases ({done} PASS), {int((cases.status != 'PASS').sum())} "
+                   f"failed: FAILED ({error})")
+    else:
+        hs = handshake(tl[tl.case.str.startswith("inject-under")], opts.tp) if tl is not None else None
+        failed = int((cases.status != "PASS").sum())
+        verdict = f"{len(cases)} cases, {failed} failed: " + ("FAILED" if failed else "OK")
+    cols = ["case", "width", "status", "rel_err", "rel_bound", "wrong", "disagree", "elements", "route_agree", "fault",
+            "wall_ms", "evidence"]
+    show_table(cases, json_out=json_out, columns=[c for c in cols if c in cases],
                title=f"qualify {opts.backend} tp{opts.tp} {opts.model}{_weights(opts)} experts={opts.experts} "
                      f"timeout={opts.timeout_s:g}s seed={opts.seed}")
     if hs is not None and not hs.empty:
         show_table(hs, json_out=json_out, title="handshake: arrival, wait and skew per rank and phase (us)")
-    path = write_report(out, "qualify", opts.backend, opts.tp, cases, meta=meta(opts, res), verdict=verdict,
-                        tables={"handshake": hs, "clock": res.tables.get("clock")}, timeline=tl)
+    if ranks is not None:
+        show_table(ranks, json_out=json_out, title="ranks: how each ended and where it was")
+    # a cut-short run keeps its timeline as a table: no plot, so the report is written at once
+    path = write_report(out, "qualify", opts.backend, opts.tp, cases, meta=info, verdict=verdict,
+                        tables={"handshake": hs, "clock": tabs.get("clock"), "ranks": ranks,
+                                "timeline": tl if error else None}, timeline=None if error else tl)
+    if error:
+        error_line(error)
     footer(verdict, json_out)
     saved(path, json_out)
     return cases, path
@@ -123,8 +150,8 @@ def bench_view(lat: pd.DataFrame, json_out: bool) -> tuple[list[str] | None, str
     how = None
     if "timing" in lat and lat.timing.notna().any():
         how = f"timing: {lat.timing.dropna().iloc[0]} (each width's in the report)"
-    # a baseline's spread and step count serve compare's noise band, not the reader
-    return [c for c in lat.columns if c not in rest and not c.endswith(("_p90_us", "_steps"))], how
+    # a baseline's spread and step count serve compare's noise band, its config the report
+    return [c for c in lat.columns if c not in rest and not c.endswith(("_p90_us", "_steps", "_config"))], how
 
 
 def capped_note(lat: pd.DataFrame) -> list[str]:
@@ -151,8 +178,11 @@ def run_bench(opts, out: Path, json_out: bool):
     show_table(lat, json_out=json_out, columns=cols, caption=how,
                title=f"bench {opts.backend} tp{opts.tp} {opts.model}{_weights(opts)} experts={opts.experts} "
                      f"layers={opts.layers} seed={opts.seed} (us per step)")
+    what = res.tables.get("baselines")
+    if what is not None and not what.empty:
+        show_table(what, json_out=json_out, title="baselines: what each is")
     path = write_report(out, "bench", opts.backend, opts.tp, lat, meta=meta(opts, res), verdict=verdict,
-                        tables={"per_rank": res.tables["latency"]}, notes=capped_note(lat))
+                        tables={"baselines": what, "per_rank": res.tables["latency"]}, notes=capped_note(lat))
     footer(verdict, json_out)
     saved(path, json_out)
     return lat, path
@@ -196,12 +226,13 @@ def run_soak(opts, out: Path, json_out: bool):
     from ffnq.jobs.soak import summarize
     from ffnq.report import error_line
 
-    error = None
+    error, ranks = None, None
     try:
         res = launch.run(opts, progress=not json_out)
         recs, info = res.records, meta(opts, res)
     except launch.LaunchError as e:
         error, recs, info = str(e), e.records, meta(opts) | {"error": str(e)}
+        ranks = pd.DataFrame(e.ranks) if e.ranks else None
     table, bad = summarize(recs, opts.tp, error)
     n = int(table.mismatches.sum()) if len(table) else 0
     verdict = (f"{int(table.steps.min()) if len(table) else 0} steps, {n} mismatches, "
@@ -210,11 +241,12 @@ def run_soak(opts, out: Path, json_out: bool):
     show_table(table, json_out=json_out, title=f"soak {opts.backend} tp{opts.tp} {opts.model}{_weights(opts)} "
                f"widths={','.join(map(str, opts.widths))} runners={opts.runners} seed={opts.seed}")
     path = write_report(out, "soak", opts.backend, opts.tp, table, meta=info, verdict=verdict,
-                        tables={"mismatches": bad})
+                        tables={"mismatches": bad, "ranks": ranks})
     if error:
         error_line(error)
     footer(verdict, json_out)
     saved(path, json_out)
+    table.attrs.update(report=str(path), error=error)  # the gate's: which report, and why it ended
     return table, error
 
 

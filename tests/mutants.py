@@ -3,6 +3,8 @@ with. ``ffnq qualify --runner mutants:NAME`` (tests/ on PYTHONPATH) must FAIL ev
 Each class's docstring is the one line that says what it breaks."""
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -172,6 +174,36 @@ class OutputsOnce(CpuRunner):
         if s not in self._once:
             self._once[s] = super().__call__(part, residual, weights, slots, final)
         return self._once[s]
+
+
+class EveryNthWrong(CpuRunner):
+    """every 50th call (of each runner) returns its output 5% too large: an intermittent fault"""
+
+    N = 50
+
+    def __call__(self, part, residual, weights, slots, final=False):
+        out, res = super().__call__(part, residual, weights, slots, final)
+        self._calls = getattr(self, "_calls", 0) + 1
+        return ((out.float() * 1.05).to(out.dtype) if self._calls % self.N == 0 else out), res
+
+
+class OneRankScaled(CpuRunner):
+    """rank 1's output 0.8% too large, below a round 1e-2 bound: an error confined to one rank"""
+
+    def __call__(self, part, residual, weights, slots, final=False):
+        out, res = super().__call__(part, residual, weights, slots, final)
+        return ((out.float() * 1.008).to(out.dtype) if self.rank == 1 else out), res
+
+
+class CallNeverReturns(CpuRunner):
+    """rank 1's 4th call at the widest width never returns (a wait with no bound of its own)"""
+
+    def __call__(self, part, residual, weights, slots, final=False):
+        if self.rank == 1 and part.shape[0] == max(self.widths):
+            self._wide = getattr(self, "_wide", 0) + 1
+            while self._wide == 4:
+                time.sleep(0.05)
+        return super().__call__(part, residual, weights, slots, final)
 
 
 class FirstWeightsKept(CpuRunner):

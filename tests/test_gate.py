@@ -38,14 +38,18 @@ speedup_unfused_min = 0.05
 @pytest.mark.parametrize("name", ["cpu-tp2", "h100-tp1", "h200-tp1", "h200x2-tp2"])
 def test_shipped_gates_load(name):
     cfg = load_gate(GATES / f"{name}.toml")
-    assert [v for v, _ in cfg["jobs"]] == ["warm", "qualify", "bench"]
+    # the cpu gate holds the kernel to a soak too: an intermittent fault qualify's steps miss meets it
+    want = ["warm", "qualify", "soak", "bench"] if name == "cpu-tp2" else ["warm", "qualify", "bench"]
+    assert [v for v, _ in cfg["jobs"]] == want
     assert {"qualify_all_pass", "p50_us_max", "speedup_unfused_min"} <= set(cfg["thresholds"])
+    assert cfg["thresholds"].get("soak_clean") is (True if name == "cpu-tp2" else None)
 
 
 def test_cpu_gate_options_validate():
     cfg = load_gate(GATES / "cpu-tp2.toml")
     opts = [job_options(o, v) for v, o in cfg["jobs"]]
-    assert opts[1].inject_ranks == [0, 1] and opts[1].widths == list(range(1, 17)) and opts[2].rep_ms == 500
+    assert opts[1].inject_ranks == [0, 1] and opts[1].widths == list(range(1, 17)) and opts[3].rep_ms == 500
+    assert opts[2].job == "soak" and opts[2].steps == 500 and opts[2].widths == list(range(1, 17))
 
 
 @pytest.mark.parametrize("text, match", [
@@ -64,6 +68,10 @@ def test_cpu_gate_options_validate():
     ("[[job]]\nverb = 'qualify'\n[thresholds]\nno_new_fail = true", "needs a \\[compare\\] qualify or warm"),
     ("[[job]]\nverb = 'bench'\n[thresholds]\nresident = false", "no threshold is on"),
     ("[[job]]\nverb = 'bench'", "no threshold is on"),
+    ("[[job]]\nverb = 'qualify'\n[thresholds]\nsoak_clean = true", "soak_clean judges the soak job"),
+    ("[[job]]\nverb = 'soak'\nsteps = 'many'\n[thresholds]\nsoak_clean = true", "steps = 'many': need an integer"),
+    ("[[job]]\nverb = 'soak'\nkill_rank = 1\n[thresholds]\nsoak_clean = true", "unknown option"),
+    ("[[job]]\nverb = 'soak'\nrandom_padding = 1\n[thresholds]\nsoak_clean = true", "need true or false"),
 ])
 def test_bad_configs_refused(tmp_path, text, match):
     f = tmp_path / "g.toml"
@@ -197,6 +205,19 @@ def test_checks_judge_each_threshold():
     doc = ET.fromstring(junit("g", rows, 1.0))
     assert doc.get("tests") == "5" and doc.get("failures") == "2" and doc.get("skipped") == "0"
     assert len(doc.findall(".//failure")) == 2
+
+
+def test_soak_clean_judges_every_count_and_the_error():
+    ok = pd.DataFrame({"rank": [0, 1], "steps": [500, 500], "mismatches": [0, 0], "stale": [0, 0],
+                       "disagree": [0, 0], "faults": [0, 0]})
+    row = checks("soak", ok, {"soak_clean": True}, "r")[0]
+    assert row["result"] == "PASS" and row["value"].startswith("500 steps on every rank, 0 mismatches")
+    bad = ok.assign(disagree=[3, 3], mismatches=[3, 3])
+    assert checks("soak", bad, {"soak_clean": True}, "r")[0]["result"] == "FAIL"
+    cut = ok.assign(steps=[266, 250])
+    cut.attrs["error"] = "soak: rank 1 died (killed by signal 9, SIGKILL)"
+    row = checks("soak", cut, {"soak_clean": True}, "r")[0]
+    assert row["result"] == "FAIL" and "250 steps" in row["value"] and "rank 1 died" in row["value"]
 
 
 def test_a_check_that_judges_nothing_is_skip_not_pass():
@@ -334,3 +355,34 @@ def test_a_gate_job_on_a_checkpoint_is_validated_as_the_cli_does(tmp_path):
     f.write_text(f"[options]\ncheckpoint = '{ck}'\n" + BENCH + "checkpoint-layer = 5\n" + P50)
     with pytest.raises(UsageError, match="--checkpoint-layer 5: checkpoint .* holds layers 1..2"):
         job_options(load_gate(f)["jobs"][0][1], "bench")
+
+
+def mutant_gate(tmp_path: Path, runner: str) -> Path:
+    """The shipped cpu gate, its jobs on a planted-bug runner (the bench left out: it judges speed)."""
+    text = (GATES / "cpu-tp2.toml").read_text()
+    text = text.replace('backend = "cpu"', f'runner = "{runner}"')
+    head, _, _ = text.partition('[[job]]\nverb = "bench"')
+    th = text[text.index("[thresholds]"):]
+    th = "\n".join(x for x in th.splitlines() if not x.startswith(("p50_us_max", "speedup_unfused_min", " ")))
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(head + th + "\n")
+    return cfg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, qualify_case", [("EveryNthWrong", "run"), ("OneRankScaled", "correct")])
+def test_the_cpu_gate_fails_an_intermittent_and_a_one_rank_fault(tmp_path, name, qualify_case):
+    """Both got through qualify and the cpu gate once: a runner wrong on every 50th call (qualify's
+    ~40 steps never met it; the soak did) and one whose rank 1 is 0.8% high (rel_err 8e-3 under a
+    round 1e-2 bound). The gate fails each in qualify and in its soak."""
+    import json
+
+    r = ffnq("gate", mutant_gate(tmp_path, f"mutants:{name}"), "--out", tmp_path / "out", timeout=900)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    rows = json.loads((one_report(tmp_path / "out", "gate") / "results.json").read_text())["tables"]["results"]
+    got = {x["check"]: x for x in rows}
+    assert got["every qualify case PASS"]["result"] == "FAIL", got
+    assert qualify_case in got["every qualify case PASS"]["value"], got["every qualify case PASS"]
+    assert got["soak clean"]["result"] == "FAIL", got["soak clean"]
+    if name == "OneRankScaled":
+        assert " 0 disagreements" not in got["soak clean"]["value"], got["soak clean"]

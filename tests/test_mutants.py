@@ -37,6 +37,9 @@ CAUGHT_BY = {
     "FirstWeightsKept": "other-weights",
     "OutputTwoPercentHigh": "correct",
     "OutputsOnce": "correct+padding",
+    "EveryNthWrong": "run",  # only a long enough run of checked steps meets its 50th call
+    "OneRankScaled": "correct",  # rank 1 disagrees with rank 0, and is over its step's bound
+    "CallNeverReturns": "cut short",  # the host's watchdog names rank 1, its case and width
 }
 
 
@@ -66,3 +69,9 @@ def test_qualify_fails_the_mutant(name, tmp_path):
     assert all(r["evidence"] or r["fault"] for r in failed)
     if name == "LastRowUnwritten":  # caught by the poison: the row reads NaN, whatever was there
         assert any("got nan" in r["evidence"] for r in failed), [r["evidence"] for r in failed]
+    if name == "OneRankScaled":
+        assert any("ranks disagree" in r["evidence"] for r in failed), [r["evidence"] for r in failed]
+    if name == "CallNeverReturns":  # named: the rank, its case and width; every case before it kept
+        cut = next(r for r in failed if r["case"] == "cut short")["evidence"]
+        assert "rank 1 hung in a runner call" in cut and "w=16" in cut, cut
+        assert any(r["status"] == "PASS" for r in rows)

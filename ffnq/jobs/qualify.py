@@ -13,6 +13,11 @@ kernel writes it, so a row nobody wrote fails):
 * ``other-weights``: a step on another layer's weights, then one on the job's own again, each
   checked against its own layer's oracle (a runner that keys what it derives from the weights,
   a packed copy or a dequant, by anything but those tensors answers with the old ones);
+* ``run``: RUN_MIN_STEPS plus a seed-drawn 0..RUN_SPREAD-1 consecutive checked steps of one
+  runner (widths, padding rows and ``final`` drawn from the seed): a fault that strikes every Nth
+  call or epoch, N <= RUN_MIN_STEPS, falls on one of them whatever its phase (the other cases'
+  ~40 steps would let a fault of period 50 through). Each step is checked against the fp64
+  reference by one rank in turn (the agreement check below carries it to the others);
 * per injected rank R: ``inject-under`` (delay 0.3 x timeout: correct, and every other rank's
   timeline shows it waited for R), ``inject-over`` (delay 2.5 x timeout: every rank reports a
   fault naming R, the others return before R arrives), ``recovery`` (reset, then correct);
@@ -20,21 +25,37 @@ kernel writes it, so a row nobody wrote fails):
   one before it in their flags for it: the wait must not be satisfied (a fault, never a result),
   then ``recovery``.
 
+Every checked step is judged three ways: elementwise against the oracle (``wrong``), in norm
+against the step's own bound (``rel_err`` <= ``rel_bound``: reference.py derives it from the bf16
+and activation roundings of that step), and across ranks: after the final reduce every rank holds
+the same sum, so every rank's out and res_out must equal every other's, bit for bit where the
+kernel sums the ranks in one order on every rank (cpu, triton); a runner whose order depends on
+the rank declares ``CROSS_RANK_RTOL`` (elementwise, of |value| + the RMS). An error confined to
+one rank's contribution, below any norm bound, shows there (``disagree``). The bound's activation
+term takes the runner's ``ACT_MANTISSA_BITS`` (default: 24 for the cpu backend, which computes in
+fp32; 8, bf16-like, for any other).
+
+Each runner call runs under a deadline (records.call_deadline_s: the timeout, the injected delay,
+and the call's own time) that the rank's heartbeat carries, so the launcher names a call that
+never returns (rank, case, width).
+
 One row per case per rank (table ``cases``); ``summarize`` merges them into one row per case.
 """
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
+import torch.distributed as dist
 
 from ffnq import reference
-from ffnq.dist import barrier
+from ffnq.dist import all_ranks, barrier
 from ffnq.errors import RankFault, UsageError
 from ffnq.jobs.rank import from_options
-from ffnq.jobs.records import Records, clock_offsets, main
+from ffnq.jobs.records import Records, call_deadline_s, clock_offsets, main
 from ffnq.options import JobOptions
 from ffnq.spec import stamp_names
 from ffnq.weights import shard, synthetic
@@ -70,11 +91,12 @@ class QualifyOptions(JobOptions):
     def work_s(self) -> float:
         t = self.timeout_s
         injected = len(self.inject_ranks) + (1 if self.tp > 1 else 0)
-        return 2 * len(self.widths) * 3.0 + 40 + injected * (3 * t + 2 * over_delay_ns(t) / 1e9 + 10)
+        run = (RUN_MIN_STEPS + RUN_SPREAD) * 1.0
+        return 2 * len(self.widths) * 3.0 + 40 + run + injected * (3 * t + 2 * over_delay_ns(t) / 1e9 + 10)
 
 
+RUN_MIN_STEPS, RUN_SPREAD = 100, 28  # the run case's length: 100 + a seed-drawn 0..27 steps
 POISON_ROUTE = -7
-ROUTE_W_ATOL = 1e-4  # routing weights (each ~1/k, summing to 1) against the oracle's
 OTHER_WEIGHTS_SEED = 7919  # other-weights' layer: synthetic from the job's seed plus this
 WAIT_SEEN_FRACTION = 0.5  # an under-timeout delay must show as at least this much wait (of the delay)
 
@@ -95,12 +117,22 @@ class Qualify:
         rec.row("clock", {"rank": self.rank, "offset_ns": self.offsets[self.rank], "rounds": 9,
                           "method": "median of (clock_ns on rank - on rank 0) after a barrier"})
         self.case_id = 0
+        self.case = "set-up"
+        self.slowest: float | None = None  # seconds of the slowest call with no fault and no delay
+        # the oracle's fp64 experts of the job's own weights, kept on the cpu (~300 MB for tiny; a
+        # GPU's 256 minimax-m2 experts would be 29 GB: there each step dequantizes its own)
+        self.cache: dict | None = {} if self.job.device.type == "cpu" else None
+
+    def deadline_s(self, delay_ns: int = 0) -> float:
+        """A runner call's deadline: the kernel's bound, the injected delay, and its own time."""
+        return call_deadline_s(self.job.timeout, self.slowest, delay_ns / 1e9)
 
     # ---- one checked step ----------------------------------------------------------------------
     def step(self, r, s: int, padding: int = 0, final: bool = True, check: bool = True, scale: float = 1.0,
-             weights=None) -> dict:
+             weights=None, delay_ns: int = 0, versus_ref: bool = True) -> dict:
         """One step on ``weights`` (RankWeights and the FullWeights its oracle reads; the job's own
-        if not given), checked unless ``check`` is off."""
+        if not given), checked unless ``check`` is off: against every other rank's outputs
+        (collective: ``check`` is the same on every rank) and, where ``versus_ref``, the oracle."""
         rank_w, full = weights or (self.job.weights, self.job.full)
         self.case_id += 1
         parts, residual, slots = self.job.inputs(s, self.case_id, 0, padding)
@@ -116,24 +148,64 @@ class Qualify:
         barrier()
         t0 = time.perf_counter()
         raised = None
-        try:
-            out, res_out = r(parts[self.rank], residual, rank_w, slots, final=final)
-            _sync(r.device)
-        except RankFault as e:  # a runner may raise its fault record instead of leaving it
-            raised = e.record
-        wall_ms = (time.perf_counter() - t0) * 1e3
-        ev = {"wall_ms": wall_ms, "fault": r.fault(s) or raised}
-        if check and raised is None:
+        out = res_out = None
+        with self.rec.call(self.case, s, self.deadline_s(delay_ns)):
+            try:
+                out, res_out = r(parts[self.rank], residual, rank_w, slots, final=final)
+                _sync(r.device)
+            except RankFault as e:  # a runner may raise its fault record instead of leaving it
+                raised = e.record
+        wall = time.perf_counter() - t0
+        ev = {"wall_ms": wall * 1e3, "fault": r.fault(s) or raised}
+        if not delay_ns and not ev["fault"]:
+            self.slowest = max(self.slowest or 0.0, wall)
+        if check:
+            ev |= self.agree(r, s, None if raised else out, res_out)
+        if check and raised is None and versus_ref:
             # a near-tie row may pick either side: the oracle follows the kernel's admissible pick
             route = r.chosen(s).to(residual.device)
-            ref = reference.step(parts, residual, slots, full, self.job.model, self.job.experts, follow=route)
-            ev |= evidence(r, s, out, res_out, ref, slots)
+            cache = self.cache if full is self.job.full else None
+            ref = reference.step(parts, residual, slots, full, self.job.model, self.job.experts, cache, follow=route,
+                                 act_bits=reference.act_bits(r))
+            ev |= reference.evidence(r, s, out, res_out, ref, slots)
+        return ev
+
+    def agree(self, r, s: int, out, res_out) -> dict:
+        """Collective: this rank's out and res_out against every other rank's, elementwise: equal
+        (NaN equals NaN: the oracle fails those), or within the runner's CROSS_RANK_RTOL. A rank
+        whose call raised its fault sends nothing to compare."""
+        if self.tp == 1:
+            return {"disagree": 0}
+        n = 2 * s * self.job.model.hidden
+        ok = out is not None and out.numel() + res_out.numel() == n
+        have = all_ranks(int(ok))
+        mine = torch.cat([out.float().flatten(), res_out.float().flatten()]).cpu() if ok else torch.zeros(n)
+        got = [torch.empty_like(mine) for _ in range(self.tp)]
+        dist.all_gather(got, mine)
+        if not ok:
+            return {"disagree": 0}
+        rtol = float(getattr(r, "CROSS_RANK_RTOL", 0.0) or 0.0)
+        bad, worst = [], 0.0
+        for q in range(self.tp):
+            if q != self.rank and have[q]:
+                n_out, n_res, off = reference.disagreement(mine, got[q], rtol)
+                worst = max(worst, off)
+                if n_out or n_res:
+                    bad.append((q, n_out, n_res))
+        half = n // 2
+        ev = {"disagree": sum(o + h for _, o, h in bad)}
+        if bad:
+            how = "bit for bit" if not rtol else f"within {rtol:g} (CROSS_RANK_RTOL)"
+            ev["agree_txt"] = ("ranks disagree: " + "; ".join(
+                f"out differs from rank {q}'s in {o}/{half} elements, res_out in {h}/{half}" for q, o, h in bad)
+                + f" (largest {worst:.2g} of the RMS; after the reduce every rank must hold the same sum, {how})")
         return ev
 
     def run(self) -> None:
         plan = self.plan()
         for i, (name, s, fn) in enumerate(plan):
             self.rec.progress(i, len(plan), f"{name} w={s}")
+            self.case = name
             row = {"case": name, "width": s, "rank": self.rank} | fn()
             row["fault"] = compact_fault(row.get("fault"))
             self.rec.row("cases", row)
@@ -153,6 +225,7 @@ class Qualify:
         p.append(("two-runners", self.wt, self.two_runners))
         p.append(("reset-mid-run", self.wt, self.reset_mid_run))
         p.append(("other-weights", self.wt, self.other_weights))
+        p.append(("run", self.wt, self.steady_run))
         if self.tp > 1:
             for R in self.opts["inject_ranks"]:
                 p.append((f"inject-under r{R}", self.wt, lambda R=R: self.inject_under(R)))
@@ -168,16 +241,38 @@ class Qualify:
         problems = list(problems or [])
         if ev.get("fault"):
             problems.insert(0, f"unexpected fault: {compact_fault(ev['fault'])}")
+        if ev.get("disagree"):
+            problems.append(ev["agree_txt"])
         if "rel_err" in ev:
-            if ev["wrong"] or not ev["rel_err"] <= reference.MAX_REL_ERR:
+            if ev["wrong"] or ev["over_bound"]:
                 problems.append(ev["worst_txt"])
             if ev["route_mismatch"] or ev["route_w_wrong"]:
                 problems.append(ev["route_txt"])
         ev["status"] = "FAIL" if problems else "PASS"
         ev["evidence"] = "; ".join(problems)
-        for k in ("worst_txt", "route_txt"):
+        for k in ("worst_txt", "route_txt", "agree_txt", "over_bound"):
             ev.pop(k, None)
         return ev
+
+    def steady_run(self) -> dict:
+        """RUN_MIN_STEPS + a seed-drawn 0..RUN_SPREAD-1 checked steps in a row on the main runner
+        (each rank draws the same widths, padding and final from the seed); rank i % tp checks
+        step i against the oracle, every rank checks every step against the others."""
+        g = random.Random(self.job.seed * 1_000_003 + 4_111)
+        n = RUN_MIN_STEPS + g.randrange(RUN_SPREAD)
+        evs, bad = [], []
+        for i in range(n):
+            s = g.choice(self.widths)
+            padding, final = g.randrange(s), g.random() < 0.5  # at least one live row
+            ev = self.verdict(self.step(self.main, s, padding, final=final, versus_ref=i % self.tp == self.rank))
+            if ev["status"] != "PASS":
+                bad.append(f"step {i + 1} of {n} (w={s}): {ev['evidence']}")
+            evs.append(ev)
+        out = self.worst(evs, [])
+        out["evidence"] = (f"{len(bad)} of {n} steps failed; " + "; ".join(bad[:2])) if bad else ""
+        out["status"] = "FAIL" if bad else "PASS"
+        out["steps"] = n
+        return out
 
     def two_runners(self) -> dict:
         evs, problems = [], []
@@ -210,7 +305,7 @@ class Qualify:
         delay = under_delay_ns(self.job.timeout)
         self.tl.inject.copy_(torch.tensor([R + 1, delay], dtype=torch.int32))
         try:
-            ev = self.step(self.tl, self.wt, 1, final=True)
+            ev = self.step(self.tl, self.wt, 1, final=True, delay_ns=delay)
         finally:
             self.tl.inject.zero_()
         waits = self.timeline(f"inject-under r{R}")
@@ -227,7 +322,7 @@ class Qualify:
         delay = over_delay_ns(self.job.timeout)
         self.tl.inject.copy_(torch.tensor([R + 1, delay], dtype=torch.int32))
         try:
-            ev = self.step(self.tl, self.wt, 0, final=True, check=False)
+            ev = self.step(self.tl, self.wt, 0, final=True, check=False, delay_ns=delay)
         finally:
             self.tl.inject.zero_()
         self.timeline(f"{'stale-epoch' if stale else 'inject-over'} r{R}")
@@ -269,7 +364,7 @@ class Qualify:
         delay = over_delay_ns(self.job.timeout)
         self.tl.inject.copy_(torch.tensor([R + 1, delay], dtype=torch.int32))
         try:
-            ev = self.step(self.tl, s, 0, final=True, check=False)
+            ev = self.step(self.tl, s, 0, final=True, check=False, delay_ns=delay)
         finally:
             self.tl.inject.zero_()
         self.timeline(f"stale-epoch {kind} r{R}")
@@ -303,8 +398,8 @@ class Qualify:
 
     def worst(self, evs: list[dict], problems: list[str]) -> dict:
         bad = [e for e in evs if e["status"] == "FAIL"]
-        ev = dict(max(evs, key=lambda e: e.get("rel_err", 0)) if not bad else bad[0])
-        for k in ("wrong", "elements", "route_rows", "route_mismatch", "route_excused", "route_w_wrong"):
+        ev = dict(max(evs, key=lambda e: e.get("margin", 0)) if not bad else bad[0])
+        for k in ("wrong", "elements", "route_rows", "route_mismatch", "route_excused", "route_w_wrong", "disagree"):
             ev[k] = sum(e.get(k, 0) for e in evs)
         ev["wall_ms"] = sum(e["wall_ms"] for e in evs)
         problems = problems + ([ev["evidence"]] if bad else [])
@@ -332,41 +427,6 @@ class Qualify:
         return waits
 
 
-def evidence(r, s, out, res_out, ref, slots) -> dict:
-    c_out, c_res = reference.compare(out, ref.out), reference.compare(res_out, ref.res_out)
-    pad = (slots[:s] < 0).to(out.device)
-    pad_nonzero = int((out[pad] != 0).sum())
-    got = r.chosen(s).cpu().sort(-1).values
-    want = ref.chosen.cpu()
-    bad_rows = ~(got == want).all(-1)
-    tie = ref.near_tie.cpu()
-    mismatch = bad_rows  # the reference already took the kernel's pick where a near tie allows it
-    # the routing weights the kernel reports for its experts (a padding row's are 0): fp32 from fp32
-    # logits, so within ROUTE_W_ATOL of the oracle's (a weight off by that moves the output under
-    # bf16's step); rows whose experts differ are already counted above
-    w_got = r.chosen_weights(s).cpu().double()
-    wdiff = (w_got - ref.weights.cpu()).abs()[~bad_rows].nan_to_num(float("inf"))
-    w_wrong = int((wdiff > ROUTE_W_ATOL).sum())
-    worst_c = c_out if c_out["rel_err"] >= c_res["rel_err"] else c_res
-    w = worst_c["worst"] or {}
-    which = "out" if worst_c is c_out else "res_out"
-    ev = {"rel_err": max(c_out["rel_err"], c_res["rel_err"]), "wrong": c_out["wrong"] + c_res["wrong"] + pad_nonzero,
-          "elements": c_out["elements"] + c_res["elements"], "route_rows": s,
-          "route_mismatch": int(mismatch.sum()), "route_excused": int((tie & ~bad_rows).sum()),
-          "route_w_wrong": w_wrong,
-          "worst_txt": (f"{which}[{w.get('row')},{w.get('col')}] expected {w.get('expected', 0):.5g} got "
-                        f"{w.get('got', 0):.5g}; {c_out['wrong'] + c_res['wrong']} wrong"
-                        + (f", {pad_nonzero} nonzero in padding rows" if pad_nonzero else ""))}
-    if mismatch.any():
-        i = int(mismatch.nonzero()[0])
-        ev["route_txt"] = f"route row {i}: expected {want[i].tolist()} got {got[i].tolist()}"
-    elif w_wrong:
-        row = int((~bad_rows).nonzero().flatten()[int(wdiff.argmax()) // wdiff.shape[1]])
-        ev["route_txt"] = (f"route_w row {row}: expected {ref.weights[row].tolist()} got "
-                           f"{w_got[row].tolist()}; {w_wrong} weights off by > {ROUTE_W_ATOL:g}")
-    return ev
-
-
 def compact_fault(f) -> str:
     if not f:
         return ""
@@ -381,22 +441,36 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def summarize(cases: pd.DataFrame) -> pd.DataFrame:
-    """One row per case: PASS only when every rank passed; errors maxed, counts summed."""
+def _at_margin(g: pd.DataFrame, col: str) -> float:
+    """``col`` of the rank's row nearest its bound (rel_err / rel_bound largest)."""
+    if col not in g or "margin" not in g or g["margin"].isna().all():
+        return float(g[col].max()) if col in g else float("nan")
+    return float(g.loc[g["margin"].idxmax(), col])
+
+
+def summarize(cases: pd.DataFrame, tp: int | None = None) -> pd.DataFrame:
+    """One row per case: PASS only when every rank passed (and, given ``tp``, every rank wrote its
+    row: a case some rank did not finish, in a job cut short, is a FAIL); errors at the rank
+    nearest its bound, counts summed."""
     rows = []
     for (case, width), g in cases.groupby(["case", "width"], sort=False):
         bad = g[g.status != "PASS"]
         num = lambda k: g[k].fillna(0) if k in g else pd.Series([0])  # noqa: E731
+        evidence = [f"r{r}: {e}" for r, e in zip(bad["rank"], bad["evidence"].fillna("")) if e]
+        missing = sorted(set(range(tp)) - set(g["rank"])) if tp else []
+        if missing:
+            evidence.append(f"no row from rank(s) {', '.join(map(str, missing))}: the job was cut short")
         rows.append({
-            "case": case, "width": int(width), "status": "FAIL" if len(bad) else "PASS",
-            "rel_err": float(g["rel_err"].max()) if "rel_err" in g else float("nan"), "wrong": int(num("wrong").sum()),
+            "case": case, "width": int(width), "status": "FAIL" if len(bad) or missing else "PASS",
+            "rel_err": _at_margin(g, "rel_err"), "rel_bound": _at_margin(g, "rel_bound"),
+            "wrong": int(num("wrong").sum()), "disagree": int(num("disagree").sum()),
             "elements": int(num("elements").sum()),
             "route_agree": f"{int(num('route_rows').sum() - num('route_mismatch').sum())}/{int(num('route_rows').sum())}"
                            + (f" ({int(num('route_excused').sum())} tie)" if num("route_excused").sum() else ""),
             "route_mismatch": int(num("route_mismatch").sum()),
             "fault": "; ".join(f for f in g["fault"].fillna("") if f),
             "wall_ms": float(g.wall_ms.max()),
-            "evidence": "; ".join(f"r{r}: {e}" for r, e in zip(bad["rank"], bad["evidence"].fillna("")) if e),
+            "evidence": "; ".join(evidence),
         })
     return pd.DataFrame(rows)
 
