@@ -42,7 +42,7 @@ def sweep_space() -> list[dict]:
     can tell its configs apart: BLOCK_SIZE_M <= 64 (at <= 16 tokens x top-8 a block holds one or
     two (token, expert) pairs: a larger block only computes padding rows) and GROUP_SIZE_M = 1
     (it reorders M blocks for weight reuse between them, and at decode each block reads another
-    expert's weights). 96 of its 320 configs, each compiled for both GEMMs."""
+    expert's weights). 48 of its 320 configs, each compiled for both GEMMs."""
     from ffnq.baselines.vllm import search_space
 
     return [c for c in search_space() if c["BLOCK_SIZE_M"] <= 64 and c["GROUP_SIZE_M"] == 1]
