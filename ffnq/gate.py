@@ -324,8 +324,11 @@ def checks(verb: str, table: pd.DataFrame, th: dict, report: str) -> list[dict]:
         add("every qualify case PASS", None, "not judged: no case ran", "all PASS")
     elif verb == "qualify" and th.get("qualify_all_pass"):
         bad = table[table.status != "PASS"]
+        widths = bad.width if "width" in bad else [0] * len(bad)
+        names = [f"{c} w={int(w)}" if w == w and int(w) else str(c) for c, w in zip(bad.case, widths)]
+        more = f" and {len(names) - 8} more" if len(names) > 8 else ""
         add("every qualify case PASS", bad.empty,
-            f"{len(table) - len(bad)}/{len(table)} PASS" + (f"; failed: {', '.join(bad.case)}" if len(bad) else ""),
+            f"{len(table) - len(bad)}/{len(table)} PASS" + (f"; failed: {', '.join(names[:8])}{more}" if names else ""),
             "all PASS")
     if verb == "soak" and th.get("soak_clean"):
         error = table.attrs.get("error")

@@ -13,11 +13,12 @@ The host watchdog (``Watch``) reads every rank's heartbeat (``rank<r>.beat``, re
 it was doing, when one
 
 * is stopped (process state T, SIGSTOP or a debugger) for longer than the kernel's timeout,
-* stops beating for longer than the timeout + STALL_MARGIN_S (a frozen process, or one on
-  another node; SETUP_STALL_S while it sets up: loading and compiling may hold the interpreter),
+* stops beating for longer than the timeout + STALL_MARGIN_S (a frozen process; SETUP_STALL_S
+  while it sets up: loading and compiling may hold the interpreter),
 * runs one runner call past the deadline the job gave it (a kernel with no bounded wait),
 
-so a hung rank is named within seconds, not at gloo's 120 s collective timeout. The verdict of a
+so a hung rank is named within seconds, not at gloo's 120 s collective timeout (each node's ffnq
+watches the ranks it launched: their beats are in its job folder). The verdict of a
 failed job prefers, in order: the watchdog's; a rank killed by a signal (torchrun's failures); a
 rank's own error; and only then an error that a lost peer causes on a survivor (a collective's
 connection error, a bounded wait that expired), which names the lost rank, not the survivor.

@@ -107,7 +107,7 @@ def run_qualify(opts, out: Path, json_out: bool):
         ranks = pd.DataFrame(e.ranks) if e.ranks else None
         if "cases" not in tabs:  # no case finished (a rank died setting up): nothing to keep
             raise
-    cases = summarize(tabs["cases"], opts.tp) if "cases" in tabs else pd.DataFrame(columns=["case", "width", "status"])
+    cases = summarize(tabs["cases"], opts.tp)
     tl = tabs.get("timeline")
     hs = None
     if error:

@@ -119,6 +119,7 @@ class Soak:
         self.rss0 = rss_mb()
         self.rss_warm = None
         self.slowest: float | None = None  # the slowest call so far (s): each call's deadline follows it
+        self.called: set[tuple[int, int]] = set()  # (runner, width) pairs called once
         self.rec.counts = lambda: dict(self.n)  # on every heartbeat: a rank killed from outside keeps its count
         self.rec.phase("soak")
 
@@ -159,7 +160,9 @@ class Soak:
         r = self.runners[ri]
         parts, residual, slots = self.job.inputs(s, SOAK_CASE, step, padding)
         t = time.perf_counter()
-        with self.rec.call(f"soak step {step}", s, call_deadline_s(self.job.timeout, self.slowest)):
+        first = (ri, s) not in self.called  # a runner's first call at a width may finish loading
+        self.called.add((ri, s))
+        with self.rec.call(f"soak step {step}", s, call_deadline_s(self.job.timeout, None if first else self.slowest)):
             out, res_out = r(parts[self.rank], residual, self.job.weights, slots, final=final)
         self.slowest = max(self.slowest or 0.0, time.perf_counter() - t)
         fault = r.fault(s)
