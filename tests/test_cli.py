@@ -58,8 +58,6 @@ BAD = [
     (["bench", "--checkpoint", "/nonexistent/ck"], "checkpoint /nonexistent/ck: no .safetensors file there"),
     (["warm", "--target", "sm_90", "--checkpoint", "ck"], "--target sm_90: an offline compile launches no job; "
                                                            "--checkpoint"),
-    (["gate", "configs/gates/h200-tp1.toml"], "gate config configs/gates/h200-tp1.toml asks for --backend triton: "
-                                             "needs a GPU and this host has none; run it on a host"),
     (["qualify", "--runner", "broken_runners:Raises"], "runner 'broken_runners:Raises': importing broken_runners "
                                                       "failed: RuntimeError: no driver here; fix the module"),
     (["qualify", "--runner", "broken_syntax:Runner"], "importing broken_syntax failed: SyntaxError"),
@@ -102,6 +100,18 @@ def test_an_unwritable_out_is_refused_before_any_job(tmp_path, verb, where):
     err = r.stderr.strip()
     assert "--out" in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_gate_that_needs_a_gpu_names_its_config_on_a_cpu_host(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    r = runner.invoke(app, ["gate", "configs/gates/h200-tp1.toml", "--out", str(tmp_path / "o")])
+    text = r.output.strip()
+    assert r.exit_code == 2 and len(text.splitlines()) == 1 and not (tmp_path / "o").exists()
+    assert text.startswith("error: gate config configs/gates/h200-tp1.toml") and "asks for --backend triton" in text
+    assert "needs a GPU" in text and "use --backend cpu" not in text  # the config's value, not a flag to change
 
 
 def test_an_empty_out_writes_nothing_in_the_working_directory(tmp_path):
