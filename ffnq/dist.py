@@ -10,14 +10,27 @@ import ctypes
 import mmap
 import os
 import secrets
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 SHM = Path("/dev/shm")
 PREFIX = "ffnq-"
+
+
+@dataclass
+class PeerBuffer:
+    """One rank's view of the job's peer buffers; ``close`` releases them (collective-free)."""
+
+    sym: int
+    peers: torch.Tensor  # int64 [tp], addresses as mapped in this process
+    nbytes: int
+    close: Callable[[], None] = lambda: None
+    keep: list = field(default_factory=list)  # objects that must outlive the addresses
 
 
 def init_from_env(backend: str = "gloo", timeout_s: float = 60.0) -> tuple[int, int]:

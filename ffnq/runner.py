@@ -12,11 +12,11 @@ one scratch buffer. Runners built on one peer buffer share its epoch word unless
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from ffnq.dist import PeerBuffer  # noqa: F401 - a backend's runner and a job take it from here
 from ffnq.errors import UsageError
 from ffnq.spec import (EPOCH_WORDS, Experts, FfnBuild, ModelSpec, Region, decode_fault, layout_bytes,
                        load_model, peer_layout, scratch_layout, view)
@@ -26,17 +26,6 @@ BACKENDS = {
     "triton": "ffnq.backends.triton:TritonRunner",
     "flydsl": "ffnq.backends.flydsl:FlydslRunner",
 }
-
-
-@dataclass
-class PeerBuffer:
-    """One rank's view of the job's peer buffers; ``close`` releases them (collective-free)."""
-
-    sym: int
-    peers: torch.Tensor  # int64 [tp], addresses as mapped in this process
-    nbytes: int
-    close: Callable[[], None] = lambda: None
-    keep: list = field(default_factory=list)  # objects that must outlive the addresses
 
 
 class NotReadable(LookupError):
@@ -330,7 +319,7 @@ class SeedRunner(Runner):
             pb = PeerBuffer(shm.addresses[rank], torch.tensor(shm.addresses, dtype=torch.int64), nbytes,
                             close=shm.close, keep=[shm])
         else:
-            from ffnq.backends import symm
+            from ffnq import symm
 
             pb = symm.open_peers(nbytes, tp, rank, device)
         # the original design: "runners on one peer buffer must share epoch"; ffnq holds it

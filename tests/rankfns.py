@@ -118,7 +118,8 @@ def soak_replay(rank, world, steps, result_dir):
     from ffnq.jobs.records import Records
     from ffnq.jobs.soak import SOAK_CASE, Soak, draw
 
-    opts = SOAK_OPTS | {"timeout_s": 10.0, "widths": list(range(1, 17)), "steps": max(steps) + 1}
+    # the skewed router's weights: the stream's near-tie steps were found on them
+    opts = SOAK_OPTS | {"timeout_s": 10.0, "widths": list(range(1, 17)), "steps": max(steps) + 1, "routing": "skewed"}
     soak = Soak(opts, Records(result_dir, rank))
     tied = []
     try:

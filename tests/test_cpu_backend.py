@@ -34,14 +34,14 @@ def test_matches_reference(tp, widths):
 
 
 def test_tp4_all_experts():
-    # issue 6's cpu part: MiniMax-like TP4 (384 per rank at minimax, 384 at tiny)
+    # MiniMax-like TP4 (384 per rank at minimax, 384 at tiny)
     for rank_checks in run_ranks(rankfns.correctness, 4, [1, 16], "all", False, 5.0, timeout=300):
         for chk in rank_checks:
             assert_correct(chk)
 
 
 def test_eight_ranks_local_experts():
-    # issue 7's cpu part: 8 ranks of whole experts (EP8), still one reduce over all ranks;
+    # 8 ranks of whole experts (EP8), still one reduce over all ranks;
     # a generous wait bound: 8 processes share 2 cores
     for rank_checks in run_ranks(rankfns.correctness, 8, [1, 16], "local", False, 5.0, timeout=300):
         for chk in rank_checks:

@@ -67,7 +67,7 @@ def test_soak_thousands_of_steps_zero_mismatches(tmp_path):
 
 
 def test_soak_near_tie_row_checked_against_the_kernels_pick(tmp_path):
-    """Steps 32968 and 40768 of the default stream (seed 0, tp 2) each hold a row whose 8th and
+    """Steps 32968 and 40768 of the default stream (seed 0, tp 2, the skewed router) each hold a row whose 8th and
     9th biased router scores are ~4e-8 apart (fp64): the fp32 kernel picks the 9th expert. That
     is allowed, and the soak once counted the row's output (one whole row, O(RMS) off the
     oracle's own pick) as a mismatch while excusing its route."""

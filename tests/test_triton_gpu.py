@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 triton = pytest.importorskip("triton")
 
-from ffnq.backends import symm
+from ffnq import symm
 from ffnq import reference  # noqa: E402
 from ffnq.backends.triton import TritonRunner  # noqa: E402
 from ffnq.spec import Experts, Phase, load_model, view  # noqa: E402

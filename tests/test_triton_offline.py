@@ -7,7 +7,7 @@ import pytest
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from ffnq.backends import symm
+from ffnq import symm
 from ffnq import residency  # noqa: E402
 from ffnq.backends.triton import TritonRunner, offline  # noqa: E402
 from ffnq.backends.triton.tiles import _topk  # noqa: E402

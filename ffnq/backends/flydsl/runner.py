@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ffnq.errors import UsageError
-from ffnq.backends import symm
+from ffnq import symm
 from ffnq.runner import PeerBuffer, Runner
 from ffnq.spec import Experts, ModelSpec, kernel_name
 

@@ -23,7 +23,7 @@ from ffnq.backends.triton import geometry as G
 from ffnq.backends.triton import kernel as K
 from ffnq.backends.triton import tune
 from ffnq.errors import UsageError
-from ffnq.backends import symm
+from ffnq import symm
 from ffnq.runner import PeerBuffer, Runner
 from ffnq.spec import Experts, ModelSpec, kernel_name
 

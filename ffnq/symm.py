@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ffnq.errors import UsageError
-from ffnq.runner import PeerBuffer
+from ffnq.dist import PeerBuffer
 
 BUFFERS: dict[int, torch.Tensor] = {}
 
