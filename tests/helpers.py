@@ -28,19 +28,6 @@ def one_report(out: Path, job: str) -> Path:
     return found[0]
 
 
-def git(repo: Path, *args: str) -> str:
-    """git -C repo ARGS, its stdout stripped (a test's throwaway repository)."""
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
-def commit_all(repo: Path) -> str:
-    """A first commit of everything in ``repo`` (git init included); its full hash."""
-    git(repo, "init", "-q")
-    git(repo, "add", "-A")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
-    return git(repo, "rev-parse", "HEAD")
-
-
 def job_pids(under: Path | str) -> list[int]:
     """The live processes of an ffnq job whose folder is under ``under`` (torchrun and the ranks:
     their command lines name ``python -m ffnq.jobs.<job>`` and the job's options file): this
@@ -54,15 +41,6 @@ def job_pids(under: Path | str) -> list[int]:
         if "ffnq.jobs." in cmd and str(under) in cmd:
             pids.append(int(d.name))
     return pids
-
-
-def script_module(name: str):
-    """scripts/<name>.py imported as a module (the scripts are no package)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, TESTS.parent / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def write_checkpoint(where: Path, spec, layers, seed: int = 0, config: dict | None = None, **replace) -> Path:
