@@ -420,11 +420,8 @@ class SeedRunner(Runner):
         if self.device.type != "cuda":
             import time
             return time.monotonic_ns()
-        from ffnq.backends.triton import kernel as K  # the GPU's global timer, as the kernels stamp it
-
-        t = torch.zeros(1, dtype=torch.int64, device=self.device)
-        K.clock_kernel[(1,)](t, IS_HIP=torch.version.hip is not None)
-        return int(t.item())
+        # the GPU's global timer, as the kernels stamp it: the triton backend's clock kernel
+        return load_runner("triton").global_timer_ns(self.device)
 
     def region(self, width: int, name: str) -> torch.Tensor:
         r = self._region(width, name)  # ffnq's format for it (UsageError: a name no check reads)

@@ -332,10 +332,14 @@ class TritonRunner(Runner):
         self._launch(s, self._args(s, part, residual, slots, out, res_out, weights), final)
         return out, res_out
 
-
     def clock_ns(self) -> int:
         if self.device.type != "cuda" or self.interp:
             return time.monotonic_ns()
-        t = torch.zeros(1, dtype=torch.int64, device=self.device)
-        K.clock_kernel[(1,)](t, IS_HIP=self.is_hip)
+        return self.global_timer_ns(self.device)
+
+    @staticmethod
+    def global_timer_ns(device) -> int:
+        """The GPU's global timer (ns on NVIDIA, 10 ns ticks on AMD), as the kernels stamp it."""
+        t = torch.zeros(1, dtype=torch.int64, device=device)
+        K.clock_kernel[(1,)](t, IS_HIP=torch.version.hip is not None)
         return int(t.item())
