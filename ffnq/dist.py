@@ -60,11 +60,9 @@ def all_ranks(x: int) -> list[int]:
 
 
 def shared_tag() -> str:
-    """One tag for the whole job: the launcher's, else rank 0's, broadcast."""
-    tag = os.environ.get("FFNQ_TAG")
-    if tag:
-        return tag
-    obj = [secrets.token_hex(4)]
+    """One tag for the whole job: rank 0's launcher's (FFNQ_TAG; each node's ffnq draws its own),
+    else one rank 0 draws, broadcast."""
+    obj = [os.environ.get("FFNQ_TAG") or secrets.token_hex(4)]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(obj, src=0)
     return obj[0]

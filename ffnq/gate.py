@@ -38,6 +38,7 @@ the gate's folder holds junit.xml, summary.md, results.csv/json (one row per che
 """
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
@@ -388,7 +389,14 @@ def run_gate(config: str, out: Path, json_out: bool) -> int:
     from ffnq.verbs import meta, run_bench, run_qualify, run_soak, run_warm
 
     cfg = load_gate(config)
-    jobs = [(verb, job_options(o, verb)) for verb, o in cfg["jobs"]]  # every job validated before any runs
+    jobs = []  # every job validated before any runs
+    for i, (verb, o) in enumerate(cfg["jobs"]):
+        try:
+            jobs.append((verb, job_options(o, verb)))
+        except UsageError as e:  # the verb's words name a flag; here the value is the config's
+            why = re.sub(r" \(use --[^)]*\)$", "", str(e))
+            raise UsageError(f"gate config {cfg['path']}: job {i + 1} ({verb}) asks for {why}; run this gate where "
+                             f"its jobs can run, or pick another in configs/gates/") from None
     check_device(cfg, jobs)
     t0 = time.monotonic()
     rows = []

@@ -216,12 +216,12 @@ def _wait(proc, result_dir: Path, end: float, job: str, progress: bool, watch: W
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
                    TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=console, transient=True,
                    disable=not (progress and console.is_terminal))
     rank0 = result_dir / "rank0.jsonl"
     with bar:
-        task = bar.add_task(f"{job}: starting ranks", total=None, what="")
+        task = bar.add_task(f"{job}: starting the ranks", total=None, what="", count="")
         seen = 0
         while True:
             try:
@@ -247,8 +247,11 @@ def _wait(proc, result_dir: Path, end: float, job: str, progress: bool, watch: W
                     except json.JSONDecodeError:
                         break
                     seen += 1
+                    if r.get("kind") == "start":  # until its job's first progress: what it is doing
+                        bar.update(task, description=f"{job}: setting up (process group, peer buffers, weights)")
                     if r.get("kind") == "progress":
-                        bar.update(task, description=job, completed=r["done"], total=r["total"], what=r.get("what", ""))
+                        bar.update(task, description=job, completed=r["done"], total=r["total"], what=r.get("what", ""),
+                                   count=f"{r['done']}/{r['total']}")
 
 
 def _kill_group(proc) -> None:

@@ -118,8 +118,9 @@ def run_qualify(opts, out: Path, json_out: bool):
                    f"failed: FAILED ({error})")
     else:
         hs = handshake(tl[tl.case.str.startswith("inject-under")], opts.tp) if tl is not None else None
-        failed = int((cases.status != "PASS").sum())
-        verdict = f"{len(cases)} cases, {failed} failed: " + ("FAILED" if failed else "OK")
+        failed, unchecked = int((cases.status == "FAIL").sum()), int((cases.status == "NOT CHECKED").sum())
+        verdict = (f"{len(cases)} cases, {failed} failed" + (f", {unchecked} not checked" if unchecked else "")
+                   + ": " + ("FAILED" if failed else "NOT ALL CHECKED" if unchecked else "OK"))
     cols = ["case", "width", "status", "rel_err", "rel_bound", "wrong", "disagree", "elements", "route_agree", "fault",
             "wall_ms", "evidence"]
     show_table(cases, json_out=json_out, columns=[c for c in cols if c in cases],

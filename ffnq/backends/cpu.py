@@ -64,14 +64,12 @@ class CpuRunner(Runner):
 
     # ---- contract ----------------------------------------------------------------------------
     def warm(self, weights, compute_units: int | None = None) -> None:
-        """Check the weights' shapes and dequantize the local experts once (the cpu's 'load')."""
-        t0 = time.perf_counter()
+        """Check the weights' shapes and dequantize the local experts once (the cpu's 'load', one
+        for every width: no width has a compile time of its own, so warm's table shows none)."""
         self._check_weights(weights)
         if self.experts is not Experts.NONE:
             for le in range(weights.w13.shape[0]):
                 self.expert(weights, le)
-        for s in self.widths:
-            self._compile_s[s] = time.perf_counter() - t0
 
     def describe(self, width: int) -> dict:
         return {"kernel": kernel_name(self.keys[width]), "compile_s": self._compile_s.get(width),

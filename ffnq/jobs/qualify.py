@@ -57,6 +57,7 @@ from ffnq.errors import RankFault, UsageError
 from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, call_deadline_s, clock_offsets, main
 from ffnq.options import JobOptions
+from ffnq.runner import NotReadable
 from ffnq.spec import stamp_names
 from ffnq.weights import shard, synthetic
 
@@ -144,11 +145,11 @@ class Qualify:
             parts = [(p.float() * scale).bfloat16() for p in parts]
             residual = (residual.float() * scale).bfloat16()
         barrier()  # no step in flight: safe to poison this rank's rows
-        if check:
-            for name in ("seam", "moe"):
-                r.view(s, name).fill_(float("nan"))
-            r.view(s, "route").fill_(POISON_ROUTE)
-            r.view(s, "route_w").fill_(float("nan"))
+        if check:  # (a runner of the original contract keeps its peer rows to itself: nothing to poison)
+            for name, val in (("seam", float("nan")), ("moe", float("nan")), ("route", POISON_ROUTE),
+                              ("route_w", float("nan"))):
+                if r.readable(name, s):
+                    r.view(s, name).fill_(val)
         barrier()
         t0 = time.perf_counter()
         raised = None
@@ -160,18 +161,27 @@ class Qualify:
             except RankFault as e:  # a runner may raise its fault record instead of leaving it
                 raised = e.record
         wall = time.perf_counter() - t0
-        ev = {"wall_ms": wall * 1e3, "fault": r.fault(s) or raised}
+        ev = {"wall_ms": wall * 1e3, "fault": raised, "not_checked": []}
+        if r.readable("fault", s):
+            ev["fault"] = r.fault(s) or raised
+        else:
+            ev["not_checked"].append("fault record (no fault region)")
         if not delay_ns and not ev["fault"]:
             self.slowest = max(self.slowest or 0.0, wall)
         if check:
             ev |= self.agree(r, s, None if raised else out, res_out)
         if check and raised is None and versus_ref:
             # a near-tie row may pick either side: the oracle follows the kernel's admissible pick
-            route = r.chosen(s).to(residual.device)
+            route = r.chosen(s).to(residual.device) if r.readable("route", s) else None
             cache = self.cache if full is self.job.full else None
             ref = reference.step(parts, residual, slots, full, self.job.model, self.job.experts, cache, follow=route,
                                  act_bits=reference.act_bits(r))
-            ev |= reference.evidence(r, s, out, res_out, ref, slots)
+            if route is not None:
+                ev |= reference.evidence(r, s, out, res_out, ref, slots)
+            else:  # the outputs only: the oracle's own route stands in for the one no region shows
+                ev |= reference.evidence(_OraclesRoute(r, ref), s, out, res_out, ref, slots)
+                ev.update(route_rows=0, route_mismatch=0, route_excused=0, route_w_wrong=0)
+                ev["not_checked"].append("route (no route region)")
         return ev
 
     def agree(self, r, s: int, out, res_out) -> dict:
@@ -210,7 +220,12 @@ class Qualify:
         for i, (name, s, fn) in enumerate(plan):
             self.rec.progress(i, len(plan), f"{name} w={s}")
             self.case = name
-            row = {"case": name, "width": s, "rank": self.rank} | fn()
+            try:
+                got = fn()
+            except NotReadable as e:  # every rank's runner is of one class: every rank ends here
+                got = {"status": NOT_CHECKED, "evidence": f"not checked: {e}", "wall_ms": 0.0}
+            got.pop("not_checked", None)  # said in status and evidence
+            row = {"case": name, "width": s, "rank": self.rank} | got
             row["fault"] = compact_fault(row.get("fault"))
             self.rec.row("cases", row)
         self.rec.progress(len(plan), len(plan), "done")
@@ -252,11 +267,7 @@ class Qualify:
                 problems.append(ev["worst_txt"])
             if ev["route_mismatch"] or ev["route_w_wrong"]:
                 problems.append(ev["route_txt"])
-        ev["status"] = "FAIL" if problems else "PASS"
-        ev["evidence"] = "; ".join(problems)
-        for k in ("worst_txt", "route_txt", "agree_txt", "over_bound"):
-            ev.pop(k, None)
-        return ev
+        return judged(ev, problems)
 
     def steady_run(self) -> dict:
         """RUN_MIN_STEPS + a seed-drawn 0..RUN_SPREAD-1 checked steps in a row on the main runner
@@ -269,12 +280,14 @@ class Qualify:
             s = g.choice(self.widths)
             padding, final = g.randrange(s), g.random() < 0.5  # at least one live row
             ev = self.verdict(self.step(self.main, s, padding, final=final, versus_ref=i % self.tp == self.rank))
-            if ev["status"] != "PASS":
+            if ev["status"] == "FAIL":
                 bad.append(f"step {i + 1} of {n} (w={s}): {ev['evidence']}")
             evs.append(ev)
         out = self.worst(evs, [])
-        out["evidence"] = (f"{len(bad)} of {n} steps failed; " + "; ".join(bad[:2])) if bad else ""
-        out["status"] = "FAIL" if bad else "PASS"
+        unread = out.get("not_checked")
+        out["evidence"] = ((f"{len(bad)} of {n} steps failed; " + "; ".join(bad[:2])) if bad else
+                           f"not checked: {', '.join(unread)}" if unread else "")
+        out["status"] = "FAIL" if bad else NOT_CHECKED if unread else "PASS"
         out["steps"] = n
         return out
 
@@ -294,8 +307,10 @@ class Qualify:
     def reset_mid_run(self) -> dict:
         self.step(self.main, self.wt, final=False, check=False)
         self.reset()
-        problems = self.after_reset()  # before the next launch could hide a stale record
-        return self.verdict(self.step(self.main, self.wt, 1, final=True), problems)
+        problems, unread = self.after_reset()  # before the next launch could hide a stale record
+        ev = self.step(self.main, self.wt, 1, final=True)
+        ev["not_checked"] += unread
+        return self.verdict(ev, problems)
 
     def other_weights(self) -> dict:
         job = self.job
@@ -312,7 +327,7 @@ class Qualify:
             ev = self.step(self.tl, self.wt, 1, final=True, delay_ns=delay)
         finally:
             self.tl.inject.zero_()
-        waits = self.timeline(f"inject-under r{R}")
+        waits = self.timeline(f"inject-under r{R}")  # NotReadable without one: the case is its wait
         problems = []
         if self.rank != R:
             waited = waits.get(R, 0)
@@ -329,11 +344,13 @@ class Qualify:
             ev = self.step(self.tl, self.wt, 0, final=True, check=False, delay_ns=delay)
         finally:
             self.tl.inject.zero_()
-        self.timeline(f"{'stale-epoch' if stale else 'inject-over'} r{R}")
+        self.trace(f"{'stale-epoch' if stale else 'inject-over'} r{R}")
         return self.expect_fault(ev, R, delay)
 
     def expect_fault(self, ev: dict, R: int, delay: int) -> dict:
         f, problems = ev["fault"], []
+        if f is None and ev.get("not_checked"):  # the fault record is the case: unread, it is not checked
+            return judged(ev, [])
         if f is None:
             problems.append(f"no fault: rank {R} was {delay / 1e6:.0f} ms late, timeout "
                             f"{self.job.timeout * 1e3:.0f} ms")
@@ -342,9 +359,7 @@ class Qualify:
         if self.rank != R and ev["wall_ms"] * 1e6 >= delay:
             problems.append(f"returned after {ev['wall_ms']:.0f} ms: waited out rank {R}'s "
                             f"{delay / 1e6:.0f} ms delay instead of the {self.job.timeout * 1e3:.0f} ms bound")
-        ev["status"] = "FAIL" if problems else "PASS"
-        ev["evidence"] = "; ".join(problems)
-        return ev
+        return judged(ev, problems)
 
     def stale_epoch(self, kind: str) -> dict:
         """Rank tp-1 is late; every other rank holds stale epochs in its flags for it: ``older``
@@ -352,6 +367,10 @@ class Qualify:
         epochs ahead of the step's, as a life before a reset leaves them (a wait that accepts
         flag >= epoch fails)."""
         R, s = self.tp - 1, self.wt
+        unread = [n for n in ("flags", "seam_ll", "moe_ll") if not self.tl.readable(n, s)]
+        if unread:  # checked on every rank before any launch: the ranks take one branch
+            return {"status": NOT_CHECKED, "wall_ms": 0.0, "evidence": f"not checked: the stale tags cannot be "
+                    f"planted ({', '.join(unread)}: the runner's peer-buffer layout is its own)"}
         for _ in range(2):  # move the epoch on, so "previous" and "previous - 1" are distinct live tags
             self.step(self.tl, s, final=True, check=False)
         barrier()
@@ -371,7 +390,7 @@ class Qualify:
             ev = self.step(self.tl, s, 0, final=True, check=False, delay_ns=delay)
         finally:
             self.tl.inject.zero_()
-        self.timeline(f"stale-epoch {kind} r{R}")
+        self.trace(f"stale-epoch {kind} r{R}")
         ev["evidence_pre"] = f"flags for rank {R} held epochs {vals[0]} and {vals[1]}; step epoch {e + 1}"
         out = self.expect_fault(ev, R, delay)
         out["evidence"] = out["evidence"] or out.pop("evidence_pre")
@@ -382,18 +401,24 @@ class Qualify:
         """After a fault: the collective reset must clear every width's fault record and the
         epoch (checked before any launch could hide it), then the next step must be correct."""
         self.reset()
-        problems = self.after_reset()
-        return self.verdict(self.step(self.main, self.wt, 1, final=True), problems)
+        problems, unread = self.after_reset()
+        ev = self.step(self.main, self.wt, 1, final=True)
+        ev["not_checked"] += unread
+        return self.verdict(ev, problems)
 
-    def after_reset(self) -> list[str]:
-        problems = []
+    def after_reset(self) -> tuple[list[str], list[str]]:
+        """(problems, what could not be read) right after a reset."""
+        problems, unread = [], []
         if int(self.main.epoch[0]) != 0:
             problems.append(f"epoch {int(self.main.epoch[0])} after reset (want 0)")
         for name, r in (("main", self.main), ("timeline", self.tl)):
+            if not r.readable("fault"):
+                unread.append(f"{name} runner's fault records cleared by reset (no fault region)")
+                continue
             left = [s for s in r.widths if r.fault(s) is not None]
             if left:
                 problems.append(f"{name} runner: fault record of width(s) {left} not cleared by reset")
-        return problems
+        return problems, unread
 
     # ---- helpers -------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -406,10 +431,14 @@ class Qualify:
         for k in ("wrong", "elements", "route_rows", "route_mismatch", "route_excused", "route_w_wrong", "disagree"):
             ev[k] = sum(e.get(k, 0) for e in evs)
         ev["wall_ms"] = sum(e["wall_ms"] for e in evs)
+        ev["not_checked"] = sorted({n for e in evs for n in e.get("not_checked") or []})
         problems = problems + ([ev["evidence"]] if bad else [])
-        ev["status"] = "FAIL" if problems else "PASS"
-        ev["evidence"] = "; ".join(problems)
-        return ev
+        return judged(ev, problems)
+
+    def trace(self, case: str) -> None:
+        """The timeline rows of a case that judges no wait (the report's), where the runner has one."""
+        if self.tl.readable("timeline", self.wt):
+            self.timeline(case)
 
     def timeline(self, case: str) -> dict[int, int]:
         """Write this rank's timeline rows; return the longest seam wait (ns) per source rank."""
@@ -429,6 +458,37 @@ class Qualify:
             w = [int(tl[c, seen] - tl[c, arrive]) for c in range(tl.shape[0]) if tl[c, seen] and tl[c, arrive]]
             waits[src] = max(w, default=0)
         return waits
+
+
+NOT_CHECKED = "NOT CHECKED"
+
+
+def judged(ev: dict, problems: list[str]) -> dict:
+    """A case's status: FAIL on any problem; else NOT CHECKED where a check could not read what it
+    needs (never PASS); else PASS. The evidence names both."""
+    unread = ev["not_checked"] = list(dict.fromkeys(ev.get("not_checked") or []))
+    ev["status"] = "FAIL" if problems else NOT_CHECKED if unread else "PASS"
+    ev["evidence"] = "; ".join(problems + ([f"not checked: {', '.join(unread)}"] if unread else []))
+    for k in ("worst_txt", "route_txt", "agree_txt", "over_bound"):
+        ev.pop(k, None)
+    return ev
+
+
+class _OraclesRoute:
+    """A runner with no route region, as reference.evidence reads one: the oracle's own route in
+    its place, so only the outputs are judged (the step says the route was not checked)."""
+
+    def __init__(self, r, ref):
+        self.r, self.ref = r, ref
+
+    def chosen(self, s):
+        return self.ref.chosen
+
+    def chosen_weights(self, s):
+        return self.ref.weights.float()
+
+    def __getattr__(self, name):
+        return getattr(self.r, name)
 
 
 def compact_fault(f) -> str:
@@ -460,16 +520,22 @@ def summarize(cases: pd.DataFrame, tp: int | None = None) -> pd.DataFrame:
     for (case, width), g in cases.groupby(["case", "width"], sort=False):
         bad = g[g.status != "PASS"]
         num = lambda k: g[k].fillna(0) if k in g else pd.Series([0])  # noqa: E731
-        evidence = [f"r{r}: {e}" for r, e in zip(bad["rank"], bad["evidence"].fillna("")) if e]
+        said: dict[str, list[str]] = {}  # a text several ranks give, said once ("r0, r1: ...")
+        for r, e in zip(bad["rank"], bad["evidence"].fillna("")):
+            if e:
+                said.setdefault(e, []).append(f"r{r}")
+        evidence = [f"{', '.join(ranks)}: {e}" for e, ranks in said.items()]
         missing = sorted(set(range(tp)) - set(g["rank"])) if tp else []
         if missing:
             evidence.append(f"no row from rank(s) {', '.join(map(str, missing))}: the job was cut short")
         rows.append({
-            "case": case, "width": int(width), "status": "FAIL" if len(bad) or missing else "PASS",
+            "case": case, "width": int(width),
+            "status": "FAIL" if (g.status == "FAIL").any() or missing else NOT_CHECKED if len(bad) else "PASS",
             "rel_err": _at_margin(g, "rel_err"), "rel_bound": _at_margin(g, "rel_bound"),
             "wrong": int(num("wrong").sum()), "disagree": int(num("disagree").sum()),
             "elements": int(num("elements").sum()),
-            "route_agree": f"{int(num('route_rows').sum() - num('route_mismatch').sum())}/{int(num('route_rows').sum())}"
+            "route_agree": "not checked" if g.evidence.fillna("").str.contains("not checked: .*route", regex=True).any()
+                           else f"{int(num('route_rows').sum() - num('route_mismatch').sum())}/{int(num('route_rows').sum())}"
                            + (f" ({int(num('route_excused').sum())} tie)" if num("route_excused").sum() else ""),
             "route_mismatch": int(num("route_mismatch").sum()),
             "fault": "; ".join(f for f in g["fault"].fillna("") if f),

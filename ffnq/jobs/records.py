@@ -139,13 +139,14 @@ class Records:
         self.file.close()
 
     def gather(self) -> None:
-        """Collective: rank 0 writes every rank's rows to all.jsonl."""
+        """Collective: each node's first rank (rank 0's node and every other) writes every rank's
+        rows to its all.jsonl: each node's ffnq reports the whole job, not its own ranks alone."""
         if dist.is_initialized() and dist.get_world_size() > 1:
             got = [None] * dist.get_world_size()
             dist.all_gather_object(got, self.rows)
         else:
             got = [self.rows]
-        if self.rank == 0:
+        if int(os.environ.get("LOCAL_RANK", self.rank)) == 0:
             tmp = self.dir / "all.jsonl.tmp"
             tmp.write_text("".join(json.dumps(r, default=str) + "\n" for rows in got for r in rows))
             tmp.rename(self.dir / "all.jsonl")

@@ -73,6 +73,7 @@ class SoakOptions(JobOptions):
 
 SOAK_CASE = 7_000_001  # input stream of the soak, apart from qualify's cases
 CHECKPOINT_STEPS = 1000
+PROGRESS_S = 2.0  # rank 0 tells the launcher's bar where it is at least this often
 WARM_STEPS = 500  # by then the reference's fp64 weight cache and the allocators are full: RSS is
                   # read there too, and growth after it is what a leak would show
 HANG_S = 24 * 3600  # the launcher's deadline or torchrun's teardown ends it first
@@ -108,6 +109,7 @@ class Soak:
         self.job = from_options(opts)
         self.rank, self.tp = self.job.rank, self.job.tp
         self.runners = [self.job.runner(opts["widths"]) for _ in range(opts.get("runners", 2))]
+        rec.progress(0, opts["steps"], "warming the runners")
         for r in self.runners:
             r.warm(self.job.weights, self.job.compute_units())
             r.poison_outputs = True  # every step's checksum is exchanged: none may pass on stale memory
@@ -141,6 +143,8 @@ class Soak:
     def loop(self, t0: float) -> None:
         o = self.opts
         steps = o["steps"]
+        self.rec.progress(0, steps, "first step")
+        told = time.monotonic()
         for step in range(steps):
             if step == o.get("at_step"):
                 self.chaos(t0)
@@ -148,8 +152,10 @@ class Soak:
             self.n["steps"] += 1
             if step + 1 == min(WARM_STEPS, steps):
                 self.rss_warm = round(rss_mb(), 1)
-            if (step + 1) % CHECKPOINT_STEPS == 0:
+            if time.monotonic() - told >= PROGRESS_S or step + 1 == steps:
                 self.rec.progress(step + 1, steps, f"{self.n['mismatches']} mismatches")
+                told = time.monotonic()
+            if (step + 1) % CHECKPOINT_STEPS == 0:
                 self.rec.write("checkpoint", **self.counts(t0))
         self.rec.row("soak", self.counts(t0) | {"ended": "ok"})
 
