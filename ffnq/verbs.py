@@ -94,7 +94,7 @@ def run_qualify(opts, out: Path, json_out: bool):
     that finished, each case some rank did not finish as FAIL, and a last ``cut short`` FAIL row
     saying why, with where each rank was (table ``ranks``); before any, it raises as it was."""
     from ffnq import launch
-    from ffnq.jobs.qualify import summarize
+    from ffnq.jobs.qualify_cases import summarize
     from ffnq.report import error_line
     from ffnq.timeline import handshake
 

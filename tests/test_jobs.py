@@ -6,7 +6,7 @@ import time
 import pandas as pd
 import pytest
 
-from ffnq.jobs import bench, qualify
+from ffnq.jobs import bench, qualify, qualify_cases
 from ffnq.timing import StepTimer, quantiles_us, steps_for, time_steps, warm_median_us
 from helpers import ffnq, one_report
 
@@ -69,7 +69,7 @@ def test_qualify_summary_merges_ranks():
          "route_rows": 2, "route_mismatch": 1, "route_excused": 1, "fault": "", "wall_ms": 4.0,
          "evidence": "out[0,1] expected 1 got 2"},
     ])
-    m = qualify.summarize(rows).iloc[0]
+    m = qualify_cases.summarize(rows).iloc[0]
     assert m.status == "FAIL" and m.rel_err == 5e-2 and m.wrong == 4 and m.elements == 20
     assert m.route_agree == "3/4 (1 tie)" and m.evidence == "r1: out[0,1] expected 1 got 2" and m.wall_ms == 4.0
 

@@ -47,13 +47,13 @@ import random
 import time
 from dataclasses import dataclass, field
 
-import pandas as pd
 import torch
 import torch.distributed as dist
 
 from ffnq import reference
 from ffnq.dist import all_ranks, barrier
 from ffnq.errors import RankFault, UsageError
+from ffnq.jobs.qualify_cases import NOT_CHECKED, compact_fault, judged
 from ffnq.jobs.rank import from_options
 from ffnq.jobs.records import Records, call_deadline_s, clock_offsets, main
 from ffnq.options import JobOptions
@@ -460,20 +460,6 @@ class Qualify:
         return waits
 
 
-NOT_CHECKED = "NOT CHECKED"
-
-
-def judged(ev: dict, problems: list[str]) -> dict:
-    """A case's status: FAIL on any problem; else NOT CHECKED where a check could not read what it
-    needs (never PASS); else PASS. The evidence names both."""
-    unread = ev["not_checked"] = list(dict.fromkeys(ev.get("not_checked") or []))
-    ev["status"] = "FAIL" if problems else NOT_CHECKED if unread else "PASS"
-    ev["evidence"] = "; ".join(problems + ([f"not checked: {', '.join(unread)}"] if unread else []))
-    for k in ("worst_txt", "route_txt", "agree_txt", "over_bound"):
-        ev.pop(k, None)
-    return ev
-
-
 class _OraclesRoute:
     """A runner with no route region, as reference.evidence reads one: the oracle's own route in
     its place, so only the outputs are judged (the step says the route was not checked)."""
@@ -491,58 +477,9 @@ class _OraclesRoute:
         return getattr(self.r, name)
 
 
-def compact_fault(f) -> str:
-    if not f:
-        return ""
-    if isinstance(f, str):
-        return f
-    return (f"r{f.get('rank')}:{f.get('phase_name')} e{f.get('epoch')} missing {f.get('missing_ranks')} "
-            f"after {f.get('waited_ns', 0) / 1e6:.0f}ms")
-
-
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _at_margin(g: pd.DataFrame, col: str) -> float:
-    """``col`` of the rank's row nearest its bound (rel_err / rel_bound largest)."""
-    if col not in g or "margin" not in g or g["margin"].isna().all():
-        return float(g[col].max()) if col in g else float("nan")
-    return float(g.loc[g["margin"].idxmax(), col])
-
-
-def summarize(cases: pd.DataFrame, tp: int | None = None) -> pd.DataFrame:
-    """One row per case: PASS only when every rank passed (and, given ``tp``, every rank wrote its
-    row: a case some rank did not finish, in a job cut short, is a FAIL); errors at the rank
-    nearest its bound, counts summed."""
-    rows = []
-    for (case, width), g in cases.groupby(["case", "width"], sort=False):
-        bad = g[g.status != "PASS"]
-        num = lambda k: g[k].fillna(0) if k in g else pd.Series([0])  # noqa: E731
-        said: dict[str, list[str]] = {}  # a text several ranks give, said once ("r0, r1: ...")
-        for r, e in zip(bad["rank"], bad["evidence"].fillna("")):
-            if e:
-                said.setdefault(e, []).append(f"r{r}")
-        evidence = [f"{', '.join(ranks)}: {e}" for e, ranks in said.items()]
-        missing = sorted(set(range(tp)) - set(g["rank"])) if tp else []
-        if missing:
-            evidence.append(f"no row from rank(s) {', '.join(map(str, missing))}: the job was cut short")
-        rows.append({
-            "case": case, "width": int(width),
-            "status": "FAIL" if (g.status == "FAIL").any() or missing else NOT_CHECKED if len(bad) else "PASS",
-            "rel_err": _at_margin(g, "rel_err"), "rel_bound": _at_margin(g, "rel_bound"),
-            "wrong": int(num("wrong").sum()), "disagree": int(num("disagree").sum()),
-            "elements": int(num("elements").sum()),
-            "route_agree": "not checked" if g.evidence.fillna("").str.contains("not checked: .*route", regex=True).any()
-                           else f"{int(num('route_rows').sum() - num('route_mismatch').sum())}/{int(num('route_rows').sum())}"
-                           + (f" ({int(num('route_excused').sum())} tie)" if num("route_excused").sum() else ""),
-            "route_mismatch": int(num("route_mismatch").sum()),
-            "fault": "; ".join(f for f in g["fault"].fillna("") if f),
-            "wall_ms": float(g.wall_ms.max()),
-            "evidence": "; ".join(evidence),
-        })
-    return pd.DataFrame(rows)
 
 
 def body(opts: dict, rec: Records) -> None:
