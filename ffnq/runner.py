@@ -12,7 +12,7 @@ one scratch buffer. Runners built on one peer buffer share its epoch word unless
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

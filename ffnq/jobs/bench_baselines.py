@@ -23,8 +23,6 @@ import json
 import statistics
 from pathlib import Path
 
-import torch
-
 from ffnq.jobs.records import max_over_ranks
 from ffnq.spec import Experts
 from ffnq.timing import StepTimer
