@@ -1,9 +1,10 @@
-"""The Triton runner's packed w13 (PACKED_W13): the layout the kernel's stage 1 reads, one copy per
-w13 tensor object, remade after an in-place write, and handed only to the builds that read it."""
+"""The Triton runner's packed w13 and w2 (PACKED_W13, PACKED_W2): the layouts the kernel's stages
+read, one copy per tensor object, remade after an in-place write, and handed only to the builds
+that read them."""
 import pytest
 import torch
 
-from ffnq.backends.triton.runner import PackedWeights, packed_w13
+from ffnq.backends.triton.runner import PackedWeights, packed_w13, packed_w2
 
 
 def test_packed_layout_is_each_k_steps_gate_then_up_block():
@@ -17,6 +18,19 @@ def test_packed_layout_is_each_k_steps_gate_then_up_block():
     for e, t, kb, half, r in [(0, 0, 0, 0, 0), (1, 1, 1, 1, 3), (0, 1, 0, 1, 2), (1, 0, 1, 0, 1)]:
         row = half * i_r + t * bn + r  # gate rows first, the up rows INTER further
         assert torch.equal(flat[e, t, kb, half, r], raw[e, row, kb * 128:(kb + 1) * 128])
+
+
+def test_packed_w2_layout_is_each_items_rows_in_k_blocks():
+    ne, h, i, bh, bk = 2, 256, 192, 128, 64
+    w = torch.arange(ne * h * i, dtype=torch.int32).remainder(251).to(torch.uint8).view(ne, h, i)
+    p = packed_w2(w.view(torch.float8_e4m3fn), bh, bk)
+    assert p.shape == w.shape and p.is_contiguous()
+    flat = p.view(torch.uint8).view(ne, h // bh, i // bk, bh, bk)
+    for e, t, kb, r in [(0, 0, 0, 0), (1, 1, 2, 127), (0, 1, 1, 5), (1, 0, 2, 64)]:
+        assert torch.equal(flat[e, t, kb, r], w[e, t * bh + r, kb * bk:(kb + 1) * bk])
+    # an item (t) reads bh x i contiguous bytes: its rows' every K block, block after block
+    assert torch.equal(p.view(torch.uint8)[1].reshape(-1)[bh * i:2 * bh * i].view(i // bk, bh, bk),
+                       w[1, bh:2 * bh].view(bh, i // bk, bk).permute(1, 0, 2))
 
 
 def test_one_copy_per_tensor_remade_after_an_in_place_write():
@@ -50,6 +64,26 @@ def test_only_builds_that_read_it_get_the_packed_copy(tune, packed, monkeypatch)
     got = r._weights(w, 2)[3]
     assert (got is not w.w13) == packed
     assert torch.equal(got.view(torch.uint8), (packed_w13(w.w13, 64) if packed else w.w13).view(torch.uint8))
+
+
+@pytest.mark.parametrize("tune, packed", [("", False), ("PACKED_W2=1", True), ("PACKED_W2=1,DOWN_FP8=0", False)])
+def test_only_builds_that_read_it_get_the_packed_w2(tune, packed, monkeypatch):
+    """PACKED_W2 (off by default) packs w2 by the width's DOWN_TILE and UP_TILE; the fp16 stage 2
+    (DOWN_FP8=0) reads w2 as given whatever the key says."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.spec import Experts, load_model
+    from ffnq.weights import shard, synthetic
+    spec = load_model("tiny")
+    w = shard(synthetic(spec, seed=1), spec, 1, 0, Experts.ALL)
+    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
+    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[3], model=spec)
+    got = r._weights(w, 3)[5]
+    cx = r._cx[(3, False)]
+    assert (got is not w.w2) == packed == bool(cx["PACKED_W2"])
+    want = packed_w2(w.w2, cx["DOWN_TILE"], cx["UP_TILE"]) if packed else w.w2
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
 def test_a_new_view_of_the_same_weights_is_not_packed_again():

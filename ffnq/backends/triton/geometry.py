@@ -69,7 +69,7 @@ def _allowed(key: str, value: int, allowed, meaning: str) -> int:
 # gives each build as it asks)
 MEASURED_KEYS = frozenset({
     "CTAS_PER_SM", "DOWN_KSPLIT", "DOWN_STAGES", "DOWN_TILE", "EARLY_HEADER", "EARLY_WEIGHTS", "LOGIT_FMA_ROWS",
-    "MAXNREG", "PACKED_W13", "ROW_PICK_FROM", "ROW_PICK_MAX_CTAS", "SUM_BATCH", "SUM_OWN_SLOTS", "UP_KSPLIT",
+    "MAXNREG", "PACKED_W13", "PACKED_W2", "ROW_PICK_FROM", "ROW_PICK_MAX_CTAS", "SUM_BATCH", "SUM_OWN_SLOTS", "UP_KSPLIT",
     "UP_KSPLIT_FIXUP", "UP_NARROW_FROM", "UP_STAGES", "UP_STAGES_NARROW", "UP_TILE", "WORK_QUEUE", "X_TERMS",
 })
 
@@ -263,6 +263,11 @@ def geometry(key) -> dict:
     # tokens. The runner keeps one packed copy of each w13 (PackedWeights)
     pk = _allowed("PACKED_W13", tune.get("PACKED_W13", 1), (0, 1),
                   "0 (w13 as given) or 1 (w13 tile-packed by the runner)")
+    # PACKED_W2: stage 2 (fp8 act terms) reads w2 tile-packed by the runner (runner.packed_w2: an
+    # item's DOWN_TILE rows one contiguous DOWN_TILE x INTER bytes, each loop step DOWN_TILE x
+    # UP_TILE of them, not UP_TILE bytes of each of DOWN_TILE rows INTER apart)
+    pk2 = _allowed("PACKED_W2", tune.get("PACKED_W2", 0), (0, 1),
+                   "0 (w2 as given) or 1 (w2 tile-packed by the runner)")
     # LOGIT_FMA_ROWS' FMAs hold [rows, CHUNK_P2, EXPERTS] products: over chunks of more than 16
     # columns (a grid under H / 16 CTAs: an H20's 156) they spilled from four rows (16-656 B at
     # 4-16 tokens, sm_90 on 78 SMs; none with the 16-row dot), so there the table's value stops at
@@ -280,7 +285,8 @@ def geometry(key) -> dict:
                  LOGIT_FMA_ROWS=plr, SOLO=solo, FULL_ROWS=fr, DOWN_KSPLIT=kh, DOWN_FP8=a8, DOWN_ACT_TERMS=a8t,
                  WORK_QUEUE=dq, EARLY_HEADER=hp, DOWN_COLS=min(16, max(_p2(key.tokens), sq2)),
                  EARLY_FAULT_WORDS=bool(tune.get("EARLY_FAULT_WORDS", 0)), X_TERMS=x8t,
-                 EARLY_WEIGHTS=bool(tune.get("EARLY_WEIGHTS", int(key.tp == 1))), PACKED_W13=pk if i_r else 0)
+                 EARLY_WEIGHTS=bool(tune.get("EARLY_WEIGHTS", int(key.tp == 1))), PACKED_W13=pk if i_r else 0,
+                 PACKED_W2=pk2 if i_r and a8 else 0)
     nsl, nht = max(1, nslot), hidden // bh
     # SUM_AS_DONE: phase E sums each H tile's slots as their stage-2 items finish (one counter per
     # slot and tile), not after the tile's last slot (one counter per tile); 2: its polls as
@@ -369,7 +375,7 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # and the fp8 MMA of MI300 (gfx942) takes the fnuz format, not the OCP e4m3 of these
         # weights (FP8_X compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
-        g["FP8_X"], g["DOWN_FP8"] = False, 0
+        g["FP8_X"], g["DOWN_FP8"], g["PACKED_W2"] = False, 0, 0
         g["UP_COLS"] = max(g["UP_COLS"], 8)  # two fp16 x terms: N = 2 x UP_COLS >= 16
         if key.tp > 1:
             # TP2's partial logits as FMAs over 16 rows took 260 VGPRs at 14-15 tokens on gfx950:

@@ -78,6 +78,7 @@ GPU pair: one TP2 rank's build timed on one GPU); "a vs b" is the choice against
 | DOWN_KSPLIT | parts of the intermediate per stage-2 item, each its own partial | 1; table 2 at TP1 3-4 tokens, TP2 3 | the last round's items end ~6 us apart, not ~12: 94.0 vs 95.1 us at 3 tokens, 113.7 vs 114.3 at 4; at 5-16 the parts cost more (170.0 vs 166.4 at 8) |
 | DOWN_FP8 | stage 2 on fp8 act terms x the fp8 w2 codes (1: steps of one stage-1 tile, 2: of 128; 0: fp16 act) | 2 where FP8_X; CDNA 0 | the loop alone reads 3.92 / 4.10 TB/s at 64 / 128 rows vs 3.30 / 3.01 on fp16 act; 289.2 vs 309.0 us at 16 tokens |
 | DOWN_ACT_TERMS | fp8 terms of act | 2 | 4 terms spill at 9-16 tokens: 302.7 vs 289.2 us at 16; max rel_err 0.00179 vs 0.00173 |
+| PACKED_W2 | stage 2 reads w2 tile-packed by the runner (runner.packed_w2; only with DOWN_FP8) | 0 | an item's DOWN_TILE rows one contiguous stream, each step one DOWN_TILE x UP_TILE block, not UP_TILE bytes of each row |
 | DOWN_MIN_COLS | least act token columns per term in stage 2 | 4 | 8 (N = 16: the fp8 wgmma at 1-4 tokens) was 47.0 vs 46.8 us at 1 token: stage 2 is bound by its bytes in flight |
 | WORK_QUEUE | a CTA's items after its first from one counter for both stages | 0; table 1 at 3-16 tokens (TP1, TP2) | a CTA slowed by its SM's share of the HBM takes fewer: 263.1 vs 267.0 us at 16 tokens, 1-3% at 4-14; no gain where a stage's items fit one round (1-2) |
 | EARLY_HEADER | an item's header read at the end of the item before (bit 0: stage 2, bit 1: stage 1) | 0; table 3 at TP1 5-16 | 0-0.4% faster at every width 5-16 (251.4 vs 252.0 us at 16), never slower |
@@ -146,7 +147,7 @@ def ffn_kernel(
     PACKED_W13: tl.constexpr,
     # stage 2 (down)
     DOWN_TILE: tl.constexpr, DOWN_KSPLIT: tl.constexpr, DOWN_STAGES: tl.constexpr, DOWN_COLS: tl.constexpr,
-    DOWN_FP8: tl.constexpr, DOWN_ACT_TERMS: tl.constexpr,
+    DOWN_FP8: tl.constexpr, DOWN_ACT_TERMS: tl.constexpr, PACKED_W2: tl.constexpr,
     # schedule
     WORK_QUEUE: tl.constexpr, EARLY_HEADER: tl.constexpr, EARLY_WEIGHTS: tl.constexpr, EARLY_SEAM_READS: tl.constexpr,
     EARLY_FAULT_WORDS: tl.constexpr, LOGIT_FMA_ROWS: tl.constexpr, FULL_ROWS: tl.constexpr,
@@ -723,6 +724,11 @@ def ffn_kernel(
                           + ((j * DOWN_ACT_TERMS + c8 // DOWN_COLS) * ROW_PAD + c8 % DOWN_COLS)[None, :].to(tl.int64)
                           * INTER + kn[:, None])
                     asc = _as(scratch, SC_ACT_SCALE, tl.float32) + j * UP_TILES
+                    if PACKED_W2:
+                        # (PACKED_W2) runner.packed_w2: the item's DOWN_TILE rows one contiguous
+                        # DOWN_TILE x INTER bytes, each [DOWN_TILE, UP_TILE] K block in turn
+                        wpk = (w2 + le * (HIDDEN * INTER) + t * (DOWN_TILE * INTER)
+                               + hh[:, None] * UP_TILE + kn[None, :])
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
@@ -737,7 +743,10 @@ def ffn_kernel(
                         for q in tl.static_range(DOWN_K_STEP // UP_TILE):
                             kk = kq + k0 + q * UP_TILE
                             av = tl.load(a8 + kk, cache_modifier=".cg")
-                            wq = tl.load(wbase + kk + kn[None, :])
+                            if PACKED_W2:  # kk is a multiple of UP_TILE: its block starts kk x DOWN_TILE in
+                                wq = tl.load(wpk + kk * DOWN_TILE)
+                            else:
+                                wq = tl.load(wbase + kk + kn[None, :])
                             sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // UP_TILE, cache_modifier=".cg")
                             yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SCALE_ON_PRODUCT)
                     # [DOWN_TILE, DOWN_COLS]

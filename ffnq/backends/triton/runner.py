@@ -74,6 +74,14 @@ def packed_w13(w13: torch.Tensor, bn: int) -> torch.Tensor:
     return w13.view(ne, 2, rows // 2 // bn, bn, h // 128, 128).permute(0, 2, 4, 1, 3, 5).reshape(ne, rows, h)
 
 
+def packed_w2(w2: torch.Tensor, bh: int, bk: int) -> torch.Tensor:
+    """(PACKED_W2) w2 [experts, H, I] tile-packed as stage 2 reads it: [experts, H / bh, I / bk, bh, bk],
+    a stage-2 item's bh rows one contiguous bh x I bytes and each of its loop's steps one bh x bk
+    block (as given, a step reads bk bytes of each of bh rows, I apart)."""
+    ne, h, i = w2.shape
+    return w2.view(ne, h // bh, bh, i // bk, bk).permute(0, 1, 3, 2, 4).reshape(ne, h, i)
+
+
 class PackedWeights:
     """(PACKED_W13) Each w13's packed copy, made on its first launch and kept while the tensor that owns
     its memory lives (held weakly by that owner and the place in it, as SettledWeights: a freed
@@ -86,19 +94,20 @@ class PackedWeights:
         # (weakref to w13's owner, where in it, bn, its version when packed, the packed copy)
         self._packed: list[tuple] = []
 
-    def get(self, w13: torch.Tensor, bn: int) -> torch.Tensor:
+    def get(self, w13: torch.Tensor, bn: int | tuple, pack=None) -> torch.Tensor:
+        """w13 packed by ``packed_w13(w13, bn)``, or any weight by ``pack(w, *bn)`` (bn a tuple)."""
         owner, where = _owner(w13)
         for ref, at, b, version, p in self._packed:  # by identity (a tensor's == is elementwise)
             if ref() is owner and at == where and b == bn and version == w13._version:
                 return p
         if w13.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise UsageError("weights: w13 is not packed for the Triton build (PACKED_W13) yet; run one step on them "
-                             "before capturing a CUDA graph")
+            raise UsageError("weights: w13 / w2 are not packed for the Triton build (PACKED_W13, PACKED_W2) yet; run "
+                             "one step on them before capturing a CUDA graph")
         # the copies of freed tensors go when a new one is made, and so do the owner's copies of an
         # older version (its views share one version count) and the one this replaces
         self._packed = [e for e in self._packed if e[0]() is not None and not (
             e[0]() is owner and (e[3] != w13._version or (e[1] == where and e[2] == bn)))]
-        p = packed_w13(w13, bn)
+        p = pack(w13, *bn) if pack else packed_w13(w13, bn)
         self._packed.append((weakref.ref(owner), where, bn, w13._version, p))
         return p
 
@@ -220,7 +229,7 @@ class TritonRunner(Runner):
 
     def _weights(self, w, s: int):
         """The weight tensors width ``s``'s kernel reads (a one-element stand-in where a mode has
-        none; PACKED_W13: w13 packed)."""
+        none; PACKED_W13, PACKED_W2: w13, w2 packed)."""
         def dummy(dtype):
             if dtype not in self._dummy:
                 self._dummy[dtype] = torch.zeros(16, dtype=dtype, device=self.device)
@@ -233,6 +242,8 @@ class TritonRunner(Runner):
                 t = dummy(t.dtype)
             elif name == "w13" and cx["PACKED_W13"]:
                 t = self.PACKED.get(t, cx["UP_TILE"])
+            elif name == "w2" and cx.get("PACKED_W2"):
+                t = self.PACKED.get(t, (cx["DOWN_TILE"], cx["UP_TILE"]), packed_w2)
             out.append(t)
         return out
 
