@@ -74,6 +74,14 @@ MEASURED_KEYS = frozenset({
 })
 
 
+def _sort_topk(tune: dict):
+    """SORT_TOPK: 1 (True, the default) a partial bitonic sort of int64 keys (score, reversed index),
+    2 the same sort of the fp32 scores and the ties at the threshold by index, 0 TOP_K rounds of max."""
+    v = _allowed("SORT_TOPK", tune.get("SORT_TOPK", 1), (0, 1, 2),
+                 "0 (rounds of max), 1 (sort of int64 keys) or 2 (sort of fp32 scores)")
+    return v if v == 2 else bool(v)
+
+
 @functools.cache
 def measured_table() -> dict:
     from ffnq.spec import CONFIGS
@@ -280,7 +288,7 @@ def geometry(key) -> dict:
     # TAGGED_WORDS, EARLY_SEAM_READS, EARLY_FAULT_WORDS; EARLY_WEIGHTS on at TP1 (the table sets it
     # at TP2): the router done 1.3-1.8 us sooner after the PDL wait
     extra = dict(POLLS_PER_CLOCK=tune.get("POLLS_PER_CLOCK", 8), PDL=bool(tune.get("PDL", 1)),
-                 FENCE=bool(tune.get("FENCE", 1)), SORT_TOPK=bool(tune.get("SORT_TOPK", 1)),
+                 FENCE=bool(tune.get("FENCE", 1)), SORT_TOPK=_sort_topk(tune),
                  TAGGED_WORDS=bool(tune.get("TAGGED_WORDS", 1)), EARLY_SEAM_READS=bool(tune.get("EARLY_SEAM_READS", 1)),
                  LOGIT_FMA_ROWS=plr, SOLO=solo, FULL_ROWS=fr, DOWN_KSPLIT=kh, DOWN_FP8=a8, DOWN_ACT_TERMS=a8t,
                  WORK_QUEUE=dq, EARLY_HEADER=hp, DOWN_COLS=min(16, max(_p2(key.tokens), sq2)),

@@ -98,7 +98,7 @@ GPU pair: one TP2 rank's build timed on one GPU); "a vs b" is the choice against
 | FENCE | a flag publish as one fence per thread and relaxed flags, not a release per flag | 1; sm_90 only | TP2 55.5 vs 60.1 us at 1 token: one round trip to the peers, not one a flag |
 | PDL | programmatic dependent launch (the next launch's prologue beside this one's end) | 1; sm_90 only | TP2 64.6 vs 65.2 us at 1 token, 199.5 vs 201.1 at 16 |
 | POLLS_PER_CLOCK | polls of a wait between its clock and fault checks | 8 | a clock read is a CTA-wide max (a barrier): TP2 64.7 vs 65.2 us at 1 token |
-| SORT_TOPK | the top-k as one partial bitonic sort (0: TOP_K rounds of max) | 1 | one token's top-k 2.05 vs 3.07 us; the step 0.2-0.6 us faster |
+| SORT_TOPK | the top-k as one partial bitonic sort of int64 keys (2: of the fp32 scores, ties at the threshold by index; 0: TOP_K rounds of max) | 1 | one token's top-k 2.05 vs 3.07 us; the step 0.2-0.6 us faster |
 | CTAS_PER_SM | the grid is CTAS_PER_SM x the device's SMs (NVIDIA; CDNA keeps 264) | 2; table 3 at TP1 1-3, TP2 3 | two warp groups an SM stream weights (256 vs 128 CTAs: 10-16% faster); three where the build fits them: 46.4 vs 47.4 us at 1 token, 69.2 vs 76.6 at 2 |
 | GRID | one width's grid | CTAS_PER_SM x SMs | development: the grid barrier takes launches of any grids on one buffer |
 | MAXNREG | ptxas's register cap (NVIDIA) | none; table 168 at TP1 3, TP2 3 | 168 x 128 threads x 3 CTAs fit an SM's 64K registers (180 uncapped: two a SM): 94.0 vs 95.0 us |

@@ -39,7 +39,18 @@ def _topk(lg, bias, ecols, evalid, live, TOP_K: tl.constexpr, TOP_K_P2: tl.const
     b = tl.where(evalid[None, :], scores + bias[None, :], float("-inf"))
     bits = b.to(tl.int32, bitcast=True)
     key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) | (EXPERTS_P2 - 1 - ecols)[None, :].to(tl.int64)
-    if SORT_TOPK:
+    if SORT_TOPK == 2:
+        # the partial bitonic sort on the fp32 biased scores (half the shuffles of the int64 keys):
+        # the K-th largest score is the threshold; the scores above it are in, and of those equal
+        # to it the lowest indices, as many as are still missing (the int64 keys' order exactly,
+        # but -0.0 ties +0.0 here, as IEEE compares them)
+        top = tl.topk(b, TOP_K_P2, dim=1)  # [R, KP2], descending
+        kth = tl.min(tl.where(tl.arange(0, TOP_K_P2)[None, :] < TOP_K, top, float("inf")), axis=1)
+        gt = b > kth[:, None]
+        eq = (b == kth[:, None]).to(tl.int32)
+        need = TOP_K - tl.sum(gt.to(tl.int32), axis=1)
+        sel = (gt | ((eq > 0) & (tl.cumsum(eq, axis=1) <= need[:, None]))).to(tl.int32)
+    elif SORT_TOPK:
         # one partial bitonic sort (keys are unique): the K-th largest key is the threshold
         top = tl.topk(key, TOP_K_P2, dim=1)  # [R, KP2], descending
         kth = tl.min(tl.where(tl.arange(0, TOP_K_P2)[None, :] < TOP_K, top, 9223372036854775807), axis=1)
