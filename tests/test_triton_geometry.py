@@ -305,3 +305,13 @@ def test_packed_w13_by_default(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "PACKED_W13=2")
     with pytest.raises(ValueError, match="PACKED_W13=2"):
         G.geometry(offline.build_key(spec, 2, Experts.ALL, 4))
+
+
+def test_down_tile_over_one_scale_block_is_refused(monkeypatch):
+    """Stage 2 takes one w2 block scale a K step, so a tile of more than 128 rows (two scale
+    blocks) would scale half its rows wrong: refused, named."""
+    from ffnq.backends.triton import offline
+    from ffnq.spec import Experts, load_model
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DOWN_TILE=256")
+    with pytest.raises(ValueError, match="DOWN_TILE=256"):
+        G.geometry(offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, 8))

@@ -159,6 +159,8 @@ def geometry(key) -> dict:
     # DOWN_TILE: 64 rows at one or two tokens (twice the items to spread over the grid: 0.6-1.4 us
     # faster), 128 from three (64 was 2.4-5.1% slower at 4-16 tokens)
     bh = tune.get("DOWN_TILE", 64 if key.tokens <= 2 else 128)
+    # at most one 128-row scale block of w2 a tile: stage 2 takes one block scale a K step
+    _allowed("DOWN_TILE", bh, (16, 32, 64, 128), "16, 32, 64 or 128 rows (one w2 scale block at most)")
     # SUM_BATCH: slots summed per batch of loads in phase E (a power of two; the loads of one
     # batch are in flight together): 2048 fp32 a batch, 8 slots at 16-column chunks
     jb = tune.get("SUM_BATCH", max(1, min(8, 2048 // (16 * max(16, _p2(ch))))))
