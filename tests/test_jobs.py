@@ -261,3 +261,32 @@ def test_bench_checks_every_weight_set_it_times(tmp_path):
     for got in run_ranks(rankfns.bench_check_set, 2, str(tmp_path), timeout=240):
         assert got["good"] == {} and got["outs"] == {1: [1, 1], 3: [3, 3]}  # each width's checked outputs
         assert set(got["stale"]) == {1, 3} and all(v for v in got["stale"].values()), got
+
+
+def test_bench_judges_the_kernel_by_the_steps_own_bound():
+    """bench's check of the kernel under test is qualify's: rel_err within the step's rel_bound,
+    so an error twice the bound fails there though it is under the old round 1e-2."""
+    import torch
+    from ffnq import reference
+    from ffnq.spec import Experts, load_model
+    from ffnq.weights import synthetic
+    spec = load_model("tiny")
+    g = torch.Generator().manual_seed(3)
+    parts = [torch.randn(2, spec.hidden, generator=g).bfloat16()]
+    ref = reference.step(parts, torch.randn(2, spec.hidden, generator=g).bfloat16(), torch.tensor([0, 1]),
+                         synthetic(spec, 1), spec, Experts.ALL)
+    assert 0 < ref.rel_bound_out < reference.MAX_REL_ERR / 2
+
+    def off_by(x, rel):  # x plus noise of norm rel x ||x||
+        n = torch.randn(x.shape, generator=g, dtype=torch.float64)
+        return (x.double() + n * rel * x.double().norm() / n.norm()).to(x.dtype)
+
+    def check(rel_out):
+        c = reference.compare(off_by(ref.out, rel_out), ref.out)
+        c2 = reference.compare(ref.res_out, ref.res_out)
+        return bench.kernel_ok(None, c, c2, ref)
+
+    assert check(0.0) and check(0.5 * ref.rel_bound_out)
+    assert not check(2 * ref.rel_bound_out)
+    assert not bench.kernel_ok({"phase": "seam"}, reference.compare(ref.out, ref.out),
+                               reference.compare(ref.res_out, ref.res_out), ref)
