@@ -1,4 +1,5 @@
 """The stock composition (bench baselines b and c) computes the same step as the reference."""
+import pytest
 import torch
 
 from ffnq import reference
@@ -7,6 +8,7 @@ from ffnq.baselines.stock import Stock
 from ffnq.weights import shard, synthetic
 
 
+@pytest.mark.slow  # 50 s
 def test_stock_matches_reference_tp1():
     m = load_model("tiny")
     full = synthetic(m, seed=31)

@@ -1,5 +1,6 @@
 """The unfused baseline computes the same step as the reference, through the router both stock
 compositions share."""
+import pytest
 import torch
 
 from ffnq import reference
@@ -8,6 +9,7 @@ from ffnq.spec import Experts, load_model
 from ffnq.weights import shard, synthetic
 
 
+@pytest.mark.slow  # 29 s
 def test_unfused_matches_reference_tp1():
     m = load_model("tiny")
     full = synthetic(m, seed=37)

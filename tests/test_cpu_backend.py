@@ -23,7 +23,8 @@ def assert_correct(chk):
     assert chk["pad_zero"], where
 
 
-@pytest.mark.parametrize("tp,widths", [(1, [1, 3, 16]), (2, [1, 2, 5, 8, 16]), (3, [1, 4, 13])])
+@pytest.mark.parametrize("tp,widths", [(1, [1, 3, 16]), (2, [1, 2, 5, 8, 16]),
+                                       pytest.param(3, [1, 4, 13], marks=pytest.mark.slow)])  # tp 3: 12-18 s
 def test_matches_reference(tp, widths):
     for rank_checks in run_ranks(rankfns.correctness, tp, widths):
         assert [c["s"] for c in rank_checks] == widths
@@ -33,6 +34,7 @@ def test_matches_reference(tp, widths):
     assert any(c["padding"] for c in rank_checks)
 
 
+@pytest.mark.slow  # 12-18 s
 def test_tp4_all_experts():
     # MiniMax-like TP4 (384 per rank at minimax, 384 at tiny)
     for rank_checks in run_ranks(rankfns.correctness, 4, [1, 16], "all", False, 5.0, timeout=300):
@@ -40,6 +42,7 @@ def test_tp4_all_experts():
             assert_correct(chk)
 
 
+@pytest.mark.slow  # 45 s
 def test_eight_ranks_local_experts():
     # 8 ranks of whole experts (EP8), still one reduce over all ranks;
     # a generous wait bound: 8 processes share 2 cores
@@ -48,6 +51,7 @@ def test_eight_ranks_local_experts():
             assert_correct(chk)
 
 
+@pytest.mark.slow  # 26 s
 def test_local_and_none_experts():
     for chk in run_ranks(rankfns.correctness, 2, [3, 9], experts="local")[0]:
         assert_correct(chk)
@@ -59,6 +63,7 @@ def test_local_and_none_experts():
         assert chk["res"]["rel_err"] < 4e-3
 
 
+@pytest.mark.slow  # 33 s
 def test_two_runners_share_one_epoch():
     for res in run_ranks(rankfns.shared_epoch, 2):
         assert res["same_word"]
@@ -67,6 +72,7 @@ def test_two_runners_share_one_epoch():
             assert_correct(chk)
 
 
+@pytest.mark.slow  # 12-18 s
 def test_injection_under_timeout_is_correct_and_visible():
     late, delay = 1, 0.3 * rankfns.TIMEOUT
     res = run_ranks(rankfns.injection, 2, late, delay)
@@ -79,6 +85,7 @@ def test_injection_under_timeout_is_correct_and_visible():
     assert res[1]["first"]["seam_wait_ns"][0] < 0.5 * delay * 1e9
 
 
+@pytest.mark.slow  # 17-21 s each
 @pytest.mark.parametrize("tp,late", [(2, 0), (2, 1), (3, 2)])
 def test_injection_over_timeout_faults_every_rank_then_recovers(tp, late):
     delay = 2.5 * rankfns.TIMEOUT
@@ -95,6 +102,7 @@ def test_injection_over_timeout_faults_every_rank_then_recovers(tp, late):
         assert_correct(r["after"])
 
 
+@pytest.mark.slow  # 12-18 s
 def test_stale_flags_never_satisfy_a_wait():
     r0 = run_ranks(rankfns.stale, 2)[0]
     assert_correct(r0["good"])
@@ -150,6 +158,7 @@ def test_bad_call_arguments():
     shm.close()
 
 
+@pytest.mark.slow  # 26 s
 def test_steps_on_other_weights_read_those_weights():
     """The runner's fp32 copies of the experts answer for the tensors they came from while those
     live unchanged: another set, the same w13 under other scales, and weights written in place

@@ -65,6 +65,7 @@ def gather_and_tag(rank, world, values):
     return all_ranks(values[rank]), shared_tag(), init_from_env()
 
 
+@pytest.mark.slow  # 15 s
 def test_ranks_gather_in_order_and_share_rank0s_tag():
     values = [secrets.randbelow(1 << 40) for _ in range(2)]
     got = run_ranks(gather_and_tag, 2, values, timeout=120)

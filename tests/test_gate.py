@@ -237,6 +237,7 @@ def test_a_check_that_judges_nothing_is_skip_not_pass():
     assert len(doc.findall(".//failure")) == 1
 
 
+@pytest.mark.slow  # 83 s
 def test_gate_passes_then_fails_on_an_impossible_threshold(tmp_path):
     cfg = tmp_path / "small.toml"
     cfg.write_text(SMALL.replace("{P50}", "500000"))
@@ -275,6 +276,7 @@ def test_gate_bad_type_exits_2_on_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # 17 s
 def test_gate_whose_every_check_is_skipped_does_not_pass(tmp_path):
     """On cpu a warm-only gate judging residency judges nothing: exit 2 (could not judge), its
     report written with the check as JUnit <skipped>."""
@@ -344,6 +346,7 @@ def test_a_base_case_gone_fails_and_says_so(tmp_path):
     assert rows == {}  # correct+padding @1 in the base is all-padding @1 now: no change
 
 
+@pytest.mark.slow  # 16 s
 def test_a_gate_job_on_a_checkpoint_is_validated_as_the_cli_does(tmp_path):
     from helpers import write_checkpoint
 

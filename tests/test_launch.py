@@ -137,6 +137,7 @@ def test_watch_names_a_stopped_rank_and_kills_it(tmp_path):
     (signal.SIGINT, 130, "error: interrupted (SIGINT): the job's ranks were ended"),
     (signal.SIGTERM, 128 + signal.SIGTERM, "error: stopped by SIGTERM: the job's ranks were ended"),
     (signal.SIGKILL, -signal.SIGKILL, None)], ids=["SIGINT", "SIGTERM", "SIGKILL"])
+@pytest.mark.slow  # 11-16 s each signal
 def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path, sig, rc, says):
     """SIGTERM to ffnq (a cancelled CI job, `timeout ffnq ...`) or Ctrl-C ends the job's torchrun
     and ranks too, in one line: they run in a session of their own, so nothing else would.

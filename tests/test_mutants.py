@@ -13,6 +13,8 @@ import pytest
 
 import mutants
 
+pytestmark = pytest.mark.slow  # the planted-bug sweep: 22 qualify runs, 1288 s
+
 TESTS = Path(__file__).parent
 # mutant -> a case (prefix of the case name) that must be among the FAILs
 CAUGHT_BY = {

@@ -77,6 +77,7 @@ def test_negative_padding_is_refused():
         step_inputs(M, 1, 0, 6, 0, 0, -1)
 
 
+@pytest.mark.slow  # 32 s
 def test_a_checkpoint_layer_is_every_rank_s_weights(tmp_path):
     """setup(checkpoint=, layer=): the full layer on every rank is the file's (not the seed's
     synthetic one), each rank holds its shard of it, and steps on it check against the oracle."""

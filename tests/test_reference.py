@@ -48,7 +48,7 @@ def test_three_dequants_agree_everywhere(full):
             assert torch.equal(dequant(q[e], sc[e], 128, torch.float64), want)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])  # seed 1: 12 s
 def test_reference_matches_plain_rows(full, seed):
     g = torch.Generator().manual_seed(seed)
     s, tp = 3, 2
@@ -117,6 +117,7 @@ def near_tie(full, gap: float):
     return (parts, residual, slots), nudged(-gap), nudged(gap), kth, nxt, ranked
 
 
+@pytest.mark.slow  # 20 s
 def test_follow_takes_an_admissible_pick_on_a_near_tie_row_only(full):
     """A near-tie row may pick either side; with follow= the oracle's output is that of the
     kernel's pick (as if the tie had broken its way), and a pick that is no top-k is refused."""
@@ -155,6 +156,7 @@ def test_admissible():
     assert reference.admissible(biased, torch.tensor([[0, 0], [-1, 1]]), 2).tolist() == [False, False]
 
 
+@pytest.mark.slow  # 24 s
 def test_a_bf16_composition_is_followed_within_its_own_precision(full):
     """The bench checks a baseline (h rounded to bf16) against its own pick on a row whose
     scores are BF16_TIE_EPS close, the fused kernel only within TIE_EPS; a pick that is no top-k

@@ -50,6 +50,7 @@ def setup_s(tmp_path_factory):
     return at
 
 
+@pytest.mark.slow  # 190 s
 def test_soak_thousands_of_steps_zero_mismatches(tmp_path):
     rc, doc, err, _ = soak(tmp_path, "--tp", "2", "--steps", "2000", "--widths", "1-16", "--runners", "2")
     assert rc == 0, err[-2000:]
@@ -66,6 +67,7 @@ def test_soak_thousands_of_steps_zero_mismatches(tmp_path):
     assert not leftovers(tmp_path)
 
 
+@pytest.mark.slow  # 21 s
 def test_soak_near_tie_row_checked_against_the_kernels_pick(tmp_path):
     """Steps 32968 and 40768 of the default stream (seed 0, tp 2, the skewed router) each hold a row whose 8th and
     9th biased router scores are ~4e-8 apart (fp64): the fp32 kernel picks the 9th expert. That
@@ -82,6 +84,7 @@ def test_soak_near_tie_row_checked_against_the_kernels_pick(tmp_path):
     assert got[0]["n"]["checked"] == 2 and got[1]["n"]["checked"] == 0
 
 
+@pytest.mark.slow  # 21 s
 def test_soak_peers_wait_for_a_slow_check_on_the_host(tmp_path):
     """The rank that checks a step against fp64 holds the others in the checksums' all_gather,
     not in the next launch's seam wait, whose timeout is the kernel's (a TP3 cpu soak on two
@@ -94,7 +97,7 @@ def test_soak_peers_wait_for_a_slow_check_on_the_host(tmp_path):
         assert n["faults"] == 0 and n["mismatches"] == 0 and n["steps"] == 4 and n["checked"] == 2, got
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 26-54 s each (hang-2-1 17 s)
 @pytest.mark.parametrize("tp,rank", [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)])
 @pytest.mark.parametrize("chaos", ["kill", "hang"])
 def test_chaos_ends_in_time_naming_the_rank(tmp_path, setup_s, tp, rank, chaos):

@@ -99,6 +99,7 @@ def test_loader_reads_minimax_tensor_names(full, tmp_path):
         load_layer(tmp_path / "nothing", layer, M)
 
 
+@pytest.mark.slow  # 12 s
 def test_checkpoint_checked_from_its_headers(tmp_path):
     ck = write_checkpoint(tmp_path / "ck", M, layers=[2, 3])
     assert checkpoint_layers(ck) == [2, 3]
