@@ -366,7 +366,7 @@ def checks(verb: str, table: pd.DataFrame, th: dict, report: str) -> list[dict]:
 def junit(name: str, rows: pd.DataFrame, wall_s: float) -> str:
     fails, skips = int((rows.result == "FAIL").sum()), int((rows.result == "SKIP").sum())
     counts = f'tests="{len(rows)}" failures="{fails}" skipped="{skips}"'
-    out = [f'<?xml version="1.0" encoding="UTF-8"?>',
+    out = ['<?xml version="1.0" encoding="UTF-8"?>',
            f'<testsuites name={quoteattr("ffnq gate " + name)} {counts} time="{wall_s:.1f}">',
            f'  <testsuite name={quoteattr(name)} {counts} errors="0" time="{wall_s:.1f}">']
     for _, r in rows.iterrows():

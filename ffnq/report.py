@@ -250,7 +250,7 @@ def summary_md(job, verdict, meta, results, tables, notes, has_timeline) -> str:
              f"- machine: {m.get('host')}, {m.get('cpus')} cpus ({m.get('cpu_model') or 'model unknown'}), "
              f"torch {m.get('torch')}, "
              f"gpus: {', '.join(g['name'] for g in m.get('gpus', [])) or 'none'}",
-             f"- config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if k != "result_dir"), ""]
+             "- config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if k != "result_dir"), ""]
     lines += [f"## {job}", "", markdown(results), ""]
     for name, df in tables.items():
         lines += [f"## {name}", "", markdown(df), ""]
