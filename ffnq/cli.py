@@ -238,6 +238,9 @@ def bench(
     phase_split: Annotated[bool, typer.Option("--phase-split", help="also time the kernel with --experts none: "
                                               "none_p50_us (seam + router + reduce) and experts_us = p50 - that",
                                               rich_help_panel=JOB)] = False,
+    phases: Annotated[bool, typer.Option("--phases", help="also a timeline build of the kernel per width: when "
+                                         "the median and the latest CTA pass each phase boundary (us), over "
+                                         "eager steps", rich_help_panel=JOB)] = False,
     deadline: Deadline = None, nnodes: Nnodes = 1, rdzv_endpoint: Rdzv = None, out: Out = "reports",
     json_out: Json = False,
 ):

@@ -42,6 +42,9 @@ class Runner:
     # set by the checks (qualify, bench's check, soak): each output element is NaN until the kernel
     # writes it, so an element it skips cannot pass on what the caching allocator handed back
     poison_outputs = False
+    # finer stamps than the timeline's phase boundaries, where a timeline build writes them: (the
+    # scratch region, {its column: a name}); bench --phases reads them beside the timeline
+    PHASE_STAMPS: tuple[str, dict[int, str]] | None = None
 
     def __init__(self, tp: int, rank: int, sym: int, peers: torch.Tensor, device: torch.device | str,
                  widths=None, experts: Experts | str = Experts.ALL, timeline: bool = False,

@@ -23,6 +23,18 @@ CLOCK_NOTE = ("Ranks' clocks are put on one axis by a measured offset: right aft
               "The error is the barrier's exit skew (gloo on one host: tens of us).")
 
 
+def phase_profile(stamps, names: list[str]) -> dict[str, tuple[float, float]]:
+    """One launch's timeline ``stamps`` [CTAs, len(names)] (ns on one clock, 0 where a CTA did not
+    stamp): per stamp, when the median CTA and the latest CTA passed it, in us from the first CTA's
+    start, in the order the median CTA passed them. A stamp before that start is an earlier
+    launch's, left in a region no launch clears: not this launch's."""
+    t = pd.DataFrame(stamps.tolist() if hasattr(stamps, "tolist") else stamps, columns=names).astype("int64")
+    t0 = t["start"].where(t["start"] != 0).min()
+    t = t.where(t >= t0)
+    out = {n: (float((c.median() - t0) / 1e3), float((c.max() - t0) / 1e3)) for n, c in t.items() if c.notna().any()}
+    return dict(sorted(out.items(), key=lambda kv: kv[1]))
+
+
 def handshake(timeline: pd.DataFrame, tp: int) -> pd.DataFrame:
     """Per case, rank and phase: arrival (us after the case's first start on any rank), the longest
     wait over CTAs (us), for whom it waited (the peer seen last), and skew against the first rank

@@ -169,7 +169,7 @@ def capped_note(lat: pd.DataFrame) -> list[str]:
 def run_bench(opts, out: Path, json_out: bool):
     """Launch bench, show its table, write its report; (per-width table, report path)."""
     from ffnq import launch
-    from ffnq.jobs.bench import summarize
+    from ffnq.jobs.bench import summarize, summarize_phases
 
     res = launch.run(opts, progress=not json_out)
     lat = summarize(res.tables["latency"])
@@ -182,8 +182,14 @@ def run_bench(opts, out: Path, json_out: bool):
     what = res.tables.get("baselines")
     if what is not None and not what.empty:
         show_table(what, json_out=json_out, title="baselines: what each is")
+    ph = res.tables.get("phases")
+    if ph is not None and not ph.empty:
+        ph = summarize_phases(ph)
+        show_table(ph, json_out=json_out, title="phases: when the median and the latest CTA pass each boundary",
+                   caption="us from the first CTA's start, median of eager timeline steps (no graph: no launch gap)")
     path = write_report(out, "bench", opts.backend, opts.tp, lat, meta=meta(opts, res), verdict=verdict,
-                        tables={"baselines": what, "per_rank": res.tables["latency"]}, notes=capped_note(lat))
+                        tables={"baselines": what, "phases": ph, "per_rank": res.tables["latency"]},
+                        notes=capped_note(lat))
     footer(verdict, json_out)
     saved(path, json_out)
     return lat, path

@@ -155,6 +155,65 @@ def test_bench_tp2_layers(tmp_path):
     assert json.loads((rep / "results.json").read_text())["config"]["seed"] == 0
 
 
+def test_bench_phases_every_boundary_in_step_order(tmp_path):
+    """--phases: a timeline build's phase boundaries per width, each rank's stamps from its first
+    CTA's start, the slowest rank's in the table, in the order a step passes them."""
+    from ffnq.spec import stamp_names
+    r = ffnq("bench", "--backend", "cpu", "--tp", "2", "--widths", "2", "--rep-ms", "30", "--warmup-ms", "10",
+             "--baselines", "none", "--phases", "--out", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "phases: when the median and the latest CTA" in r.stdout
+    ph = pd.DataFrame(json.loads((one_report(tmp_path, "bench") / "results.json").read_text())["tables"]["phases"])
+    assert set(ph.width) == {2} and set(ph.stamp) == set(stamp_names(2))
+    assert ph.stamp.iloc[0] == "start" and ph.stamp.iloc[-1] == "end"
+    assert (ph.median_us.diff().dropna() >= 0).all() and (ph.latest_us >= ph.median_us).all()
+    order = list(ph.stamp)
+    assert order.index("router_done") < order.index("experts_done") < order.index("reduce_done")
+
+
+def test_bench_phases_take_a_runners_finer_stamps_of_this_launch_only():
+    """A runner's PHASE_STAMPS (the Triton kernel's stamps inside a phase) join the timeline's; a
+    column left from an earlier launch (before this one's start) is not this launch's."""
+    import types
+    import torch
+    from ffnq.spec import stamp_names
+    names = stamp_names(1)
+
+    class Stub:
+        PHASE_STAMPS = ("sub", {3: "stage1_done", 5: "stage2_done", 7: "never"})
+
+        def __init__(self):
+            self.launches = 0
+
+        def __call__(self, *args, **kwargs):
+            self.launches += 1
+            return None, None
+
+        def readable(self, name, width=None):
+            return True
+
+        def view(self, s, name):
+            t0 = 10_000_000 * self.launches
+            if name == "timeline":  # two CTAs: start 0 / 1 us, end 50 / 52 us
+                t = torch.zeros(2, len(names), dtype=torch.int64)
+                t[:, names.index("start")] = torch.tensor([t0, t0 + 1000])
+                t[:, names.index("end")] = torch.tensor([t0 + 50_000, t0 + 52_000])
+                return t
+            sub = torch.zeros(2, 16, dtype=torch.int64)
+            sub[:, 3] = torch.tensor([t0 + 20_000, t0 + 24_000])
+            sub[:, 5] = torch.tensor([t0 + 40_000, t0 + 44_000])
+            sub[:, 7] = t0 - 5_000_000  # stale: an earlier launch's
+            return sub
+
+    job = types.SimpleNamespace(tp=1, rank=0, device=torch.device("cpu"))
+    r = Stub()
+    rows = bench.phase_rows(job, r, 2, ([None], None, None), ["weights"], 1)
+    assert r.launches == bench.PHASE_SKIP + bench.PHASE_STEPS
+    got = {x["stamp"]: (x["median_us"], x["latest_us"]) for x in rows}
+    assert [x["stamp"] for x in rows] == ["start", "stage1_done", "stage2_done", "end"]
+    assert got["stage1_done"] == (22.0, 24.0) and got["end"] == (51.0, 52.0) and got["start"] == (0.5, 1.0)
+
+
 def test_warm_tp2(tmp_path):
     r = ffnq("warm", "--backend", "cpu", "--tp", "2", "--widths", "1-3,16", "--out", tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

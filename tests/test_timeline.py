@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from ffnq.spec import stamp_names
-from ffnq.timeline import chrome_trace, handshake
+from ffnq.timeline import chrome_trace, handshake, phase_profile
 
 
 def fake_timeline(late_rank: int, delay_ns: int = 300_000_000, tp: int = 2, ctas: int = 2) -> pd.DataFrame:
@@ -57,3 +57,20 @@ def test_stamp_names_cover_the_trace_spans():
     assert all(a in names and b in names for _, a, b in SPANS)
 
 
+
+
+def test_phase_profile_median_and_latest_cta_from_the_first_start():
+    """Per stamp: the median and the latest CTA, in us from the earliest start; a CTA that did not
+    stamp (0) is left out, a stamp no CTA wrote is absent; in the median CTA's order."""
+    names = ["start", "seam_done", "router_done", "end"]
+    t0 = 5_000_000
+    stamps = [[t0, t0 + 3000, t0 + 7000, t0 + 40000],
+              [t0 + 1000, t0 + 2000, 0, t0 + 42000],
+              [t0 + 500, t0 + 4000, t0 + 9000, 0]]
+    got = phase_profile(stamps, names)
+    assert list(got) == names
+    assert got["start"] == (0.5, 1.0)
+    assert got["seam_done"] == (3.0, 4.0)
+    assert got["router_done"] == (8.0, 9.0)  # the CTA with no stamp is not a 0
+    assert got["end"] == (41.0, 42.0)
+    assert "router_done" not in phase_profile([[t0, t0 + 1, 0, t0 + 2]], names)

@@ -53,6 +53,7 @@ class BenchOptions(JobOptions):
     max_steps: int = 1000
     baseline: bool = True  # False: time the fused step alone
     phase_split: bool = False  # also time the kernel with Experts NONE (seam + router + reduce)
+    phases: bool = False  # also a timeline build's phase boundaries per width (phase_rows)
     baselines: list[str] = field(default_factory=list)  # empty: auto (see baselines())
     routing: str = "uniform"  # the synthetic router (weights.ROUTING); a checkpoint routes as it does
     seed: int = BENCH_SEED
@@ -96,6 +97,8 @@ class BenchOptions(JobOptions):
         per = (self.rep_ms + self.warmup_ms + bursts * self.idle_ms) / 1e3 * variants + 3.0 * self.layers
         if self.gpu:  # each further weight set's check (an oracle step and the launches)
             per += (ROTATE_SETS_GPU - 1) * (1.0 + 0.1 * self.layers)
+        if self.phases:  # a timeline build per width: its warm, PHASE_STEPS eager steps
+            per += 2.0 + 0.2 * self.layers
         return len(self.widths) * per * 3
 
     def weight_sets(self) -> int:
@@ -352,7 +355,46 @@ def run(job, opts: dict, rec: Records) -> None:
                         row["detail"] = (f"the timed step's outputs differ from the checked step's in {nbad} bytes"
                                          if nbad else "another rank's timed outputs differ from its checked step's")
             rec.row("latency", row | quantiles_us(samples))
+    if opts.get("phases"):
+        tl = job.runner(widths, timeline=True)  # same peer buffer: shares the epoch
+        tl.warm(job.weights, job.compute_units())
+        for i, s in enumerate(widths):
+            rec.progress(i, len(widths), f"phases w={s}")
+            if tl.readable("timeline", s):
+                for row in phase_rows(job, tl, s, inputs[s], sets, L):
+                    rec.row("phases", row)
     rec.progress(total, total, "done")
+
+
+PHASE_STEPS, PHASE_SKIP = 20, 3  # eager timeline steps per width, the first PHASE_SKIP not kept
+
+
+def phase_rows(job, tl, s: int, inp: tuple, sets: list, L: int) -> list[dict]:
+    """When the median and the latest CTA of this rank pass each phase boundary of a step at width
+    ``s`` (us from the first CTA's start; timeline.phase_profile), the median over PHASE_STEPS eager
+    steps that walk the weight sets as the timed steps do (cold L2 on a GPU). Eager launches, so a
+    graph replay's launch gap is not in them: where the time goes inside one step."""
+    from ffnq.spec import stamp_names
+    from ffnq.timeline import phase_profile
+
+    names, got = stamp_names(job.tp), {}
+    region, finer = tl.PHASE_STAMPS or (None, {})  # the runner's own finer stamps, where it has them
+    if region is None or not tl.readable(region, s):
+        finer = {}
+    for i in range(PHASE_SKIP + PHASE_STEPS):
+        step_on(tl, inp, job.rank, sets[i % len(sets)], L)
+        if job.device.type == "cuda":
+            torch.cuda.synchronize(job.device)
+        if i >= PHASE_SKIP:
+            t = tl.view(s, "timeline").cpu().long()
+            if finer:
+                sub = tl.view(s, region).cpu().long().reshape(t.shape[0], -1)
+                t = torch.cat([t, sub[:, list(finer)]], dim=1)
+            for n, v in phase_profile(t, names + list(finer.values())).items():
+                got.setdefault(n, []).append(v)
+    rows = [{"width": s, "rank": job.rank, "stamp": n, "median_us": statistics.median(m for m, _ in v),
+             "latest_us": statistics.median(x for _, x in v)} for n, v in got.items()]
+    return sorted(rows, key=lambda r: r["median_us"])
 
 
 def _parts(b: pd.DataFrame, key: str) -> dict:
@@ -372,6 +414,13 @@ def _parts(b: pd.DataFrame, key: str) -> dict:
 
 def all_ranks_ok(ok: bool) -> bool:
     return max_over_ranks(0.0 if ok else 1.0) == 0.0
+
+
+def summarize_phases(ph: pd.DataFrame) -> pd.DataFrame:
+    """Per width and phase boundary, the slowest rank's median-CTA and latest-CTA times (us), in
+    the order a step passes them."""
+    g = ph.groupby(["width", "stamp"], sort=False)[["median_us", "latest_us"]].max().reset_index()
+    return g.sort_values(["width", "median_us"], kind="stable").reset_index(drop=True)
 
 
 def summarize(lat: pd.DataFrame) -> pd.DataFrame:

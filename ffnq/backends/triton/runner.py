@@ -134,6 +134,10 @@ class TritonRunner(Runner):
     # runners on the same weights (qualify's two runners, the timeline and inject runners)
     PACKED = PackedWeights()
     GRID_FROM_DEVICE = True
+    # the kernel's stamps inside the router and the expert phases (kernel.py: _stamp(sub_row, column))
+    PHASE_STAMPS = ("sub", {0: "router_start", 1: "router_logits", 10: "pick_arrive", 11: "topk_done",
+                            2: "topk_start", 3: "stage1_done", 4: "stage2_start", 8: "stage2_first_go",
+                            9: "stage2_first_done", 5: "stage2_done", 6: "sum_start", 7: "sum_waited"})
     MEASURED_GRID = True
     NUM_WARPS = G.NUM_WARPS
     THREADS = 128  # NUM_WARPS * 32 on NVIDIA (x64 lanes per wave on AMD)
