@@ -97,8 +97,8 @@ class BenchOptions(JobOptions):
         per = (self.rep_ms + self.warmup_ms + bursts * self.idle_ms) / 1e3 * variants + 3.0 * self.layers
         if self.gpu:  # each further weight set's check (an oracle step and the launches)
             per += (ROTATE_SETS_GPU - 1) * (1.0 + 0.1 * self.layers)
-        if self.phases:  # a timeline build per width: its warm, PHASE_STEPS eager steps
-            per += 2.0 + 0.2 * self.layers
+        if self.phases:  # a timeline build per width: its compile (~6 s a variant for minimax-m2 on a
+            per += 12.0 + 0.2 * self.layers  # GPU host, two a width) and PHASE_STEPS eager steps
         return len(self.widths) * per * 3
 
     def weight_sets(self) -> int:
