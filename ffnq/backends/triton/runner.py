@@ -101,8 +101,9 @@ class PackedWeights:
             if ref() is owner and at == where and b == bn and version == w13._version:
                 return p
         if w13.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise UsageError("weights: w13 / w2 are not packed for the Triton build (PACKED_W13, PACKED_W2) yet; run "
-                             "one step on them before capturing a CUDA graph")
+            name = "w2" if pack is packed_w2 else "w13"
+            raise UsageError(f"weights: {name} is not packed for the Triton build (PACKED_{name.upper()}) yet; run one "
+                             "step on them before capturing a CUDA graph")
         # the copies of freed tensors go when a new one is made, and so do the owner's copies of an
         # older version (its views share one version count) and the one this replaces
         self._packed = [e for e in self._packed if e[0]() is not None and not (
