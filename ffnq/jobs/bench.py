@@ -383,10 +383,8 @@ def phase_rows(job, tl, s: int, inp: tuple, sets: list, L: int) -> list[dict]:
         finer = {}
     for i in range(PHASE_SKIP + PHASE_STEPS):
         step_on(tl, inp, job.rank, sets[i % len(sets)], L)
-        if job.device.type == "cuda":
-            torch.cuda.synchronize(job.device)
         if i >= PHASE_SKIP:
-            t = tl.view(s, "timeline").cpu().long()
+            t = tl.view(s, "timeline").cpu().long()  # the copy to the host waits for the step
             if finer:
                 sub = tl.view(s, region).cpu().long().reshape(t.shape[0], -1)
                 t = torch.cat([t, sub[:, list(finer)]], dim=1)

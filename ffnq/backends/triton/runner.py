@@ -83,10 +83,10 @@ def packed_w2(w2: torch.Tensor, bh: int, bk: int) -> torch.Tensor:
 
 
 class PackedWeights:
-    """(PACKED_W13) Each w13's packed copy, made on its first launch and kept while the tensor that owns
-    its memory lives (held weakly by that owner and the place in it, as SettledWeights: a freed
-    tensor's address reused is new weights, a new view of the same weights is not; remade if the
-    weights were written in place since, by their version count).
+    """(PACKED_W13, PACKED_W2) Each w13's (w2's) packed copy, made on its first launch and kept while
+    the tensor that owns its memory lives (held weakly by that owner and the place in it, as
+    SettledWeights: a freed tensor's address reused is new weights, a new view of the same weights
+    is not; remade if the weights were written in place since, by their version count).
     Packing launches torch copies, so it must not happen while a CUDA graph is captured: a step
     run eagerly before the capture (as the bench and the runner's warm do) makes it."""
 
@@ -94,21 +94,22 @@ class PackedWeights:
         # (weakref to w13's owner, where in it, bn, its version when packed, the packed copy)
         self._packed: list[tuple] = []
 
-    def get(self, w13: torch.Tensor, bn: int | tuple, pack=None) -> torch.Tensor:
-        """w13 packed by ``packed_w13(w13, bn)``, or any weight by ``pack(w, *bn)`` (bn a tuple)."""
+    def get(self, w13: torch.Tensor, bn: int | tuple, pack=packed_w13) -> torch.Tensor:
+        """``w13`` as ``pack`` (packed_w13 or packed_w2, named packed_<weight>) lays it out for tile
+        ``bn`` (a tuple: the pack's arguments after the tensor)."""
         owner, where = _owner(w13)
         for ref, at, b, version, p in self._packed:  # by identity (a tensor's == is elementwise)
             if ref() is owner and at == where and b == bn and version == w13._version:
                 return p
         if w13.is_cuda and torch.cuda.is_current_stream_capturing():
-            name = "w2" if pack is packed_w2 else "w13"
+            name = pack.__name__.removeprefix("packed_")
             raise UsageError(f"weights: {name} is not packed for the Triton build (PACKED_{name.upper()}) yet; run one "
                              "step on them before capturing a CUDA graph")
         # the copies of freed tensors go when a new one is made, and so do the owner's copies of an
         # older version (its views share one version count) and the one this replaces
         self._packed = [e for e in self._packed if e[0]() is not None and not (
             e[0]() is owner and (e[3] != w13._version or (e[1] == where and e[2] == bn)))]
-        p = pack(w13, *bn) if pack else packed_w13(w13, bn)
+        p = pack(w13, *(bn if isinstance(bn, tuple) else (bn,)))
         self._packed.append((weakref.ref(owner), where, bn, w13._version, p))
         return p
 
