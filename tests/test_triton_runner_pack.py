@@ -50,17 +50,22 @@ def test_one_copy_per_tensor_remade_after_an_in_place_write():
     assert sorted(id(ref()) for ref, *_ in pk._packed) == sorted([id(w), id(fresh)])
 
 
-@pytest.mark.parametrize("tune, packed", [("", True), ("PACKED_W13=0", False)])
-def test_only_builds_that_read_it_get_the_packed_copy(tune, packed, monkeypatch):
+def _tiny_runner(tune: str, width: int, monkeypatch):
+    """A TP1 Triton runner of the tiny model on this CPU (its constexprs, no launch) and its weights."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a runner on this CPU: its constexprs, no launch
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     from ffnq.backends.triton import TritonRunner
     from ffnq.spec import Experts, load_model
     from ffnq.weights import shard, synthetic
     spec = load_model("tiny")
-    w = shard(synthetic(spec, seed=1), spec, 1, 0, Experts.ALL)
     pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
-    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[2], model=spec)
+    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[width], model=spec)
+    return r, shard(synthetic(spec, seed=1), spec, 1, 0, Experts.ALL)
+
+
+@pytest.mark.parametrize("tune, packed", [("", True), ("PACKED_W13=0", False)])
+def test_only_builds_that_read_it_get_the_packed_copy(tune, packed, monkeypatch):
+    r, w = _tiny_runner(tune, 2, monkeypatch)
     got = r._weights(w, 2)[3]
     assert (got is not w.w13) == packed
     assert torch.equal(got.view(torch.uint8), (packed_w13(w.w13, 64) if packed else w.w13).view(torch.uint8))
@@ -70,15 +75,7 @@ def test_only_builds_that_read_it_get_the_packed_copy(tune, packed, monkeypatch)
 def test_only_builds_that_read_it_get_the_packed_w2(tune, packed, monkeypatch):
     """PACKED_W2 (off by default) packs w2 by the width's DOWN_TILE and UP_TILE; the fp16 stage 2
     (DOWN_FP8=0) reads w2 as given whatever the key says."""
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from ffnq.backends.triton import TritonRunner
-    from ffnq.spec import Experts, load_model
-    from ffnq.weights import shard, synthetic
-    spec = load_model("tiny")
-    w = shard(synthetic(spec, seed=1), spec, 1, 0, Experts.ALL)
-    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
-    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[3], model=spec)
+    r, w = _tiny_runner(tune, 3, monkeypatch)
     got = r._weights(w, 3)[5]
     cx = r._cx[(3, False)]
     assert (got is not w.w2) == packed == bool(cx["PACKED_W2"])
