@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ffnq.dist import PeerBuffer  # noqa: F401 - a backend's runner and a job take it from here
+from ffnq.dist import PeerBuffer  # part of the runner contract: backends and plug-ins take it from here
 from ffnq.errors import UsageError
 from ffnq.spec import (EPOCH_WORDS, Experts, FfnBuild, ModelSpec, Region, decode_fault, layout_bytes,
                        load_model, peer_layout, scratch_layout, view)
