@@ -33,6 +33,7 @@ import re
 import secrets
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -209,7 +210,7 @@ def _terminated_as_exit():
             signal.signal(s, h)
 
 
-def _wait(proc, result_dir: Path, end: float, job: str, progress: bool, watch: Watch | None = None) -> int | None:
+def _wait(proc, result_dir: Path, end: float, job: str, progress: bool, watch: Watch) -> int | None:
     """Poll the job and rank 0's progress until it exits (rc), the deadline passes or the watchdog
     names a rank (None: the job was killed)."""
     from rich.console import Console
@@ -231,11 +232,10 @@ def _wait(proc, result_dir: Path, end: float, job: str, progress: bool, watch: W
             if time.monotonic() > end:
                 _kill_group(proc)
                 return None
-            if watch is not None and watch.check():
+            if watch.check():
                 bar.update(task, description=f"{job}: ending ({watch.verdict})")
                 # every rank's rows are on disk as written and its counts in its last beat: end them
                 # all at once (a survivor waits in a collective; a stopped rank ignores SIGTERM)
-                watch.kill_culprits()
                 watch.kill_ranks()
                 _kill_group(proc)
                 return None
@@ -249,7 +249,7 @@ def _wait(proc, result_dir: Path, end: float, job: str, progress: bool, watch: W
                     seen += 1
                     if r.get("kind") == "start":  # until its job's first progress: what it is doing
                         bar.update(task, description=f"{job}: setting up (process group, peer buffers, weights)")
-                    if r.get("kind") == "progress":
+                    elif r.get("kind") == "progress":
                         bar.update(task, description=job, completed=r["done"], total=r["total"], what=r.get("what", ""),
                                    count=f"{r['done']}/{r['total']}")
 
@@ -332,7 +332,7 @@ FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 def torchrun_failures(log: str) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
     """(every failure torchrun listed as (rank, exit code), its root cause or None)."""
     root = None
-    head, sep, tail = log.partition("Root Cause")
+    _, sep, tail = log.partition("Root Cause")
     if sep:
         m = FAILURE.search(tail)
         root = (int(m[1]), int(m[2])) if m else None
@@ -353,11 +353,12 @@ def diagnose(job: str, rc: int, recs: list[dict], tp: int, log: str) -> tuple[st
     peer causes on a survivor names the lost rank, never the survivor."""
     last, beats = _last(recs, tp), _beats(recs)
     errors = sorted((r for r in recs if r.get("kind") == "error"), key=lambda r: r.get("t", 0))
+    erred = {e["rank"] for e in errors}
     failures, root = torchrun_failures(log)
     where = lambda r: _where(last.get(r), beats.get(r))  # noqa: E731
     # killed by a signal: not SIGTERM, which is torchrun ending the others (unless it is all there is)
     deaths = [(r, c) for r, c in failures if c < 0 and c != -signal.SIGTERM]
-    if not deaths and root and root[1] < 0 and root[0] not in {e["rank"] for e in errors}:
+    if not deaths and root and root[1] < 0 and root[0] not in erred:
         deaths = [root]
     if deaths:
         if root in deaths:  # the first observed first
@@ -370,14 +371,13 @@ def diagnose(job: str, rc: int, recs: list[dict], tp: int, log: str) -> tuple[st
     if own:
         e = own[0]
         return f"{job}: rank {e['rank']} failed: {e['message']}", bool(e.get("usage"))
-    if root and root[1] > 0 and root[0] not in {e["rank"] for e in errors}:
+    if root and root[1] > 0 and root[0] not in erred:
         return (f"{job}: rank {root[0]} exited with code {root[1]} without a word at {where(root[0])}; torchrun "
                 f"ended the others. {_unfinished(recs, tp)}", False)
     if errors:  # only survivors' errors: name the rank(s) they lost
         e = errors[0]
         missing = sorted({m for x in errors for m in x.get("missing", [])})
-        silent = [r for r in range(tp) if r not in {x["rank"] for x in errors}
-                  and last.get(r, {}).get("kind") != "done"]
+        silent = [r for r in range(tp) if r not in erred and last.get(r, {}).get("kind") != "done"]
         lost = missing or silent
         if lost:
             who = ", ".join(f"rank {r} at {where(r)}" for r in lost)
@@ -411,7 +411,7 @@ class Watch:
     def __init__(self, result_dir: Path, tp: int, timeout_s: float, marker: str):
         self.dir, self.tp, self.timeout = result_dir, tp, float(timeout_s)
         self.marker = marker  # on every rank's command line: a pid is this job's rank, not a reused one
-        self.host = __import__("socket").gethostname()
+        self.host = socket.gethostname()
         self.changed: dict[int, tuple[float, float]] = {}  # rank -> (beat's t, host monotonic when it changed)
         self.stopped: dict[int, float] = {}  # rank -> host monotonic when first seen stopped
         self.beats: dict[int, dict] = {}
@@ -480,9 +480,6 @@ class Watch:
                     os.kill(pid, signal.SIGKILL)  # also ends a stopped process
                 except ProcessLookupError:
                     pass
-
-    def kill_culprits(self) -> None:
-        self._kill(self.culprits)
 
     def kill_ranks(self) -> None:
         """SIGKILL every rank of this host still alive (torchrun's SIGTERM does not end a stopped

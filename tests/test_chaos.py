@@ -77,8 +77,14 @@ def said(err: str) -> str:
     return text[text.find("error:"):]
 
 
-def left(tmp_path: Path) -> list:
-    return [p.name for p in Path("/dev/shm").glob("ffnq-j*")] + job_pids(tmp_path)
+def left(tmp_path: Path, wait_s: float = 20.0) -> list:
+    """The job's shared-memory segments and processes still there after up to ``wait_s``."""
+    end = time.monotonic() + wait_s
+    while True:
+        found = [p.name for p in Path("/dev/shm").glob("ffnq-j*")] + job_pids(tmp_path)
+        if not found or time.monotonic() >= end:
+            return found
+        time.sleep(0.5)
 
 
 @pytest.mark.slow
@@ -103,9 +109,6 @@ def test_a_rank_killed_or_stopped_mid_qualify_is_named_in_seconds(tmp_path, sig,
     assert cases[-1]["case"] == "cut short" and f"rank {rank}" in cases[-1]["evidence"]
     assert sum(c["status"] == "PASS" for c in cases) >= 2, [c["case"] for c in cases]
     assert {r["rank"] for r in doc["tables"]["ranks"]} == {0, 1} and "cut short" in doc["verdict"]
-    end = time.monotonic() + 20
-    while left(tmp_path) and time.monotonic() < end:
-        time.sleep(0.5)
     assert not left(tmp_path)
 
 
@@ -122,7 +125,4 @@ def test_a_soak_rank_killed_or_stopped_from_outside_keeps_its_count(tmp_path, si
     rows = json.loads((one_report(tmp_path / "out", "soak") / "results.json").read_text())["tables"]["results"]
     steps = {r["rank"]: r["steps"] for r in rows}
     assert steps[1] >= 20 and steps[0] - steps[1] <= 30, rows  # its last beat's count, not 0
-    end = time.monotonic() + 20
-    while left(tmp_path) and time.monotonic() < end:
-        time.sleep(0.5)
     assert not left(tmp_path)
