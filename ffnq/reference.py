@@ -206,9 +206,10 @@ def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor,
             g, u = xe @ w1.T, xe @ w3.T
             a = F.silu(g) * u
             wk = wts[rows, k, None]
-            out.index_add_(0, rows, (a @ w2.T) * wk)
+            y = (a @ w2.T) * wk
+            out.index_add_(0, rows, y)
             if partials is not None:
-                _partials(partials, rows, a, w2, wk, e, spec, experts)
+                _partials(partials, rows, y, a, w2, wk, e, spec, experts)
             if act_var is not None:
                 act_var.index_add_(0, rows, _act_var(xe, g, u, a, w1, w3, w2, act_bits) * wk * wk)
     order = idx.sort(-1)
@@ -224,12 +225,12 @@ def step(parts: list[torch.Tensor], residual: torch.Tensor, slots: torch.Tensor,
     return Reference(out, h, chosen, weights, tie & ~pad, b_out, b_res)
 
 
-def _partials(partials: torch.Tensor, rows, a, w2, wk, e: int, spec: ModelSpec, experts: Experts) -> None:
-    """Add expert ``e``'s output on ``rows`` to each rank's MoE partial: ALL splits the
-    intermediate (rank r: columns r*I/tp..), LOCAL gives the whole expert to its owner."""
+def _partials(partials: torch.Tensor, rows, y, a, w2, wk, e: int, spec: ModelSpec, experts: Experts) -> None:
+    """Add expert ``e``'s output on ``rows`` (``y``, the whole expert's) to each rank's MoE
+    partial: ALL splits the intermediate (rank r: columns r*I/tp..), LOCAL gives ``y`` to its owner."""
     tp = partials.shape[0]
     if experts is Experts.LOCAL:
-        partials[e // (spec.experts // tp)].index_add_(0, rows, (a @ w2.T) * wk)
+        partials[e // (spec.experts // tp)].index_add_(0, rows, y)
         return
     n = a.shape[1] // tp
     for r in range(tp):
@@ -312,22 +313,13 @@ def _ratio(err: float, bound: float) -> float:
 def evidence(r, s, out, res_out, ref: Reference, slots) -> dict:
     """One checked step of runner ``r`` at width ``s`` against the oracle ``ref``: rel_err and
     rel_bound (of out, unless res_out is over its bound and nearer it), elements beyond tolerance
-    (padding rows must be 0), the route and its weights; the texts a FAIL's evidence quotes."""
+    (padding rows must be 0), the route and its weights; the texts a FAIL's evidence quotes.
+    ``r`` None: a runner with no route region, whose outputs alone are judged (route counts 0)."""
     c_out, c_res = compare(out, ref.out), compare(res_out, ref.res_out)
     m_out, m_res = _ratio(c_out["rel_err"], ref.rel_bound_out), _ratio(c_res["rel_err"], ref.rel_bound_res)
     pad = (slots[:s] < 0).to(out.device)
     pad_nonzero = int((out[pad] != 0).sum())
-    got = r.chosen(s).cpu().sort(-1).values
-    want = ref.chosen.cpu()
-    bad_rows = ~(got == want).all(-1)
-    tie = ref.near_tie.cpu()
-    mismatch = bad_rows  # the reference already took the kernel's pick where a near tie allows it
-    # the routing weights the kernel reports for its experts (a padding row's are 0): fp32 from fp32
-    # logits, so within ROUTE_W_ATOL of the oracle's (a weight off by that moves the output under
-    # bf16's step); rows whose experts differ are already counted above
-    w_got = r.chosen_weights(s).cpu().double()
-    wdiff = (w_got - ref.weights.cpu()).abs()[~bad_rows].nan_to_num(float("inf"))
-    w_wrong = int((wdiff > ROUTE_W_ATOL).sum())
+    route, route_txt = _route_evidence(r, s, ref) if r is not None else (dict.fromkeys(ROUTE_COUNTS, 0), None)
     worst_c = c_out if (m_out, c_out["wrong"]) >= (m_res, c_res["wrong"]) else c_res
     w = worst_c["worst"] or {}
     which = "out" if worst_c is c_out else "res_out"
@@ -337,18 +329,40 @@ def evidence(r, s, out, res_out, ref: Reference, slots) -> dict:
             (("out", c_out, ref.rel_bound_out, m_out), ("res_out", c_res, ref.rel_bound_res, m_res)) if m > 1]
     ev = {"rel_err": near["rel_err"], "rel_bound": bnd, "margin": margin, "over_bound": bool(over),
           "wrong": c_out["wrong"] + c_res["wrong"] + pad_nonzero,
-          "elements": c_out["elements"] + c_res["elements"], "route_rows": s,
-          "route_mismatch": int(mismatch.sum()), "route_excused": int((tie & ~bad_rows).sum()),
-          "route_w_wrong": w_wrong,
+          "elements": c_out["elements"] + c_res["elements"], **route,
           "worst_txt": ("; ".join(over) + ("; " if over else "")
                         + f"{which}[{w.get('row')},{w.get('col')}] expected {w.get('expected', 0):.5g} got "
                         f"{w.get('got', 0):.5g}; {c_out['wrong'] + c_res['wrong']} wrong"
                         + (f", {pad_nonzero} nonzero in padding rows" if pad_nonzero else ""))}
+    if route_txt:
+        ev["route_txt"] = route_txt
+    return ev
+
+
+ROUTE_COUNTS = ("route_rows", "route_mismatch", "route_excused", "route_w_wrong")
+
+
+def _route_evidence(r, s, ref: Reference) -> tuple[dict, str | None]:
+    """The route runner ``r`` reports at width ``s`` and its weights against the oracle's: the
+    counts (ROUTE_COUNTS) and, where any is off, the text a FAIL quotes."""
+    got = r.chosen(s).cpu().sort(-1).values
+    want = ref.chosen.cpu()
+    # the reference already took the kernel's pick where a near tie allows it: any other row is a mismatch
+    mismatch = ~(got == want).all(-1)
+    # the routing weights the kernel reports for its experts (a padding row's are 0): fp32 from fp32
+    # logits, so within ROUTE_W_ATOL of the oracle's (a weight off by that moves the output under
+    # bf16's step); rows whose experts differ are already counted above
+    w_got = r.chosen_weights(s).cpu().double()
+    wdiff = (w_got - ref.weights.cpu()).abs()[~mismatch].nan_to_num(float("inf"))
+    w_wrong = int((wdiff > ROUTE_W_ATOL).sum())
+    counts = {"route_rows": s, "route_mismatch": int(mismatch.sum()),
+              "route_excused": int((ref.near_tie.cpu() & ~mismatch).sum()), "route_w_wrong": w_wrong}
+    txt = None
     if mismatch.any():
         i = int(mismatch.nonzero()[0])
-        ev["route_txt"] = f"route row {i}: expected {want[i].tolist()} got {got[i].tolist()}"
+        txt = f"route row {i}: expected {want[i].tolist()} got {got[i].tolist()}"
     elif w_wrong:
-        row = int((~bad_rows).nonzero().flatten()[int(wdiff.argmax()) // wdiff.shape[1]])
-        ev["route_txt"] = (f"route_w row {row}: expected {ref.weights[row].tolist()} got "
-                           f"{w_got[row].tolist()}; {w_wrong} weights off by > {ROUTE_W_ATOL:g}")
-    return ev
+        row = int((~mismatch).nonzero().flatten()[int(wdiff.argmax()) // wdiff.shape[1]])
+        txt = (f"route_w row {row}: expected {ref.weights[row].tolist()} got "
+               f"{w_got[row].tolist()}; {w_wrong} weights off by > {ROUTE_W_ATOL:g}")
+    return counts, txt

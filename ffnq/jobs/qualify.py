@@ -176,11 +176,9 @@ class Qualify:
             cache = self.cache if full is self.job.full else None
             ref = reference.step(parts, residual, slots, full, self.job.model, self.job.experts, cache, follow=route,
                                  act_bits=reference.act_bits(r))
-            if route is not None:
-                ev |= reference.evidence(r, s, out, res_out, ref, slots)
-            else:  # the outputs only: the oracle's own route stands in for the one no region shows
-                ev |= reference.evidence(_OraclesRoute(r, ref), s, out, res_out, ref, slots)
-                ev.update(route_rows=0, route_mismatch=0, route_excused=0, route_w_wrong=0)
+            # no route region: the outputs alone are judged, against the oracle's own route
+            ev |= reference.evidence(r if route is not None else None, s, out, res_out, ref, slots)
+            if route is None:
                 ev["not_checked"].append("route (no route region)")
         return ev
 
@@ -283,11 +281,9 @@ class Qualify:
             if ev["status"] == "FAIL":
                 bad.append(f"step {i + 1} of {n} (w={s}): {ev['evidence']}")
             evs.append(ev)
-        out = self.worst(evs, [])
-        unread = out.get("not_checked")
-        out["evidence"] = ((f"{len(bad)} of {n} steps failed; " + "; ".join(bad[:2])) if bad else
-                           f"not checked: {', '.join(unread)}" if unread else "")
-        out["status"] = "FAIL" if bad else NOT_CHECKED if unread else "PASS"
+        out = self.worst(evs, [])  # FAIL on a failed step, else NOT CHECKED or PASS, as judged says
+        if bad:  # the count and the first two, in place of the first one's evidence alone
+            out["evidence"] = f"{len(bad)} of {n} steps failed; " + "; ".join(bad[:2])
         out["steps"] = n
         return out
 
@@ -458,23 +454,6 @@ class Qualify:
             w = [int(tl[c, seen] - tl[c, arrive]) for c in range(tl.shape[0]) if tl[c, seen] and tl[c, arrive]]
             waits[src] = max(w, default=0)
         return waits
-
-
-class _OraclesRoute:
-    """A runner with no route region, as reference.evidence reads one: the oracle's own route in
-    its place, so only the outputs are judged (the step says the route was not checked)."""
-
-    def __init__(self, r, ref):
-        self.r, self.ref = r, ref
-
-    def chosen(self, s):
-        return self.ref.chosen
-
-    def chosen_weights(self, s):
-        return self.ref.weights.float()
-
-    def __getattr__(self, name):
-        return getattr(self.r, name)
 
 
 def _sync(device) -> None:
