@@ -51,9 +51,6 @@ from ffnq.spec import is_int, is_number
 
 VERBS = ("warm", "qualify", "bench", "soak")
 SECTIONS = {"name", "device", "options", "job", "thresholds", "compare"}
-OPTION_KEYS = {"backend", "runner", "model", "tp", "experts", "widths", "timeout", "seed", "inject_rank", "layers",
-               "rep_ms", "warmup_ms", "burst_ms", "idle_ms", "baselines", "deadline", "nnodes", "rdzv_endpoint", "routing",
-               "checkpoint", "checkpoint_layer", "steps", "runners", "check_every", "random_padding"}
 THRESHOLDS = {"resident", "qualify_all_pass", "soak_clean", "p50_us_max", "speedup_unfused_min", "speedup_stock_min",
               "speedup_stock_nccl_min", "speedup_stock_symm_min", "speedup_vllm_min", "speedup_vllm_nccl_min",
               "max_slower_pct", "no_new_fail"}
@@ -72,6 +69,7 @@ OPTION_TYPES = {
     "inject_rank": ("a rank, 'all', or a list of them",
                     lambda v: all(isinstance(x, str) or is_int(x) for x in (v if isinstance(v, list) else [v]))),
 }
+OPTION_KEYS = set(OPTION_TYPES)  # a gate job may set exactly the options typed above
 
 
 def _check_options(p: Path, where: str, opts: dict) -> None:
@@ -294,13 +292,9 @@ def job_options(opts: dict, verb: str):
     """A gate job's options -> the verb's validated options (the same checks as the verb's flags)."""
     from ffnq.verbs import job_options as for_verb
 
-    o = dict(opts)
-    kw = {k: o[k] for k in ("backend", "runner", "model", "experts", "rdzv_endpoint", "checkpoint",
-                            "checkpoint_layer", "inject_rank", "baselines", "routing") if k in o}
-    kw |= {k: int(o[k]) for k in ("tp", "seed", "nnodes", "layers", "steps", "runners", "check_every") if k in o}
-    kw |= {k: bool(o[k]) for k in ("random_padding",) if k in o}
-    kw |= {k: float(o[k]) for k in ("timeout", "deadline", "rep_ms", "warmup_ms", "burst_ms", "idle_ms") if k in o}
-    return for_verb(verb, widths=str(o.get("widths", "all")), **kw)
+    # load_gate checked every value's type (OPTION_TYPES): only a number may need a cast (TOML 2 -> 2.0)
+    kw = {k: float(v) if OPTION_TYPES[k][1] is is_number else v for k, v in opts.items() if k != "widths"}
+    return for_verb(verb, widths=str(opts.get("widths", "all")), **kw)
 
 
 def checks(verb: str, table: pd.DataFrame, th: dict, report: str) -> list[dict]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ffnq.errors import UsageError
+from ffnq.options import shown
 from ffnq.spec import Experts, ModelSpec
 
 FP8 = torch.float8_e4m3fn
@@ -229,12 +230,6 @@ def _layer_tensors(layer: int, spec: ModelSpec) -> list[tuple[str, int | None, s
         (k, e, n) for e in range(spec.experts) for k, n in layer_names(layer, e).items()]
 
 
-def _short(v, n: int = 60) -> str:
-    """A config value as an error quotes it: one line, at most ``n`` characters."""
-    text = repr(v).replace("\n", "\\n")
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
 def check_checkpoint(path: str | Path, layer: int | None, spec: ModelSpec) -> int:
     """Before any rank starts, from the headers alone: the layer's FFN tensors are all there with
     ``spec``'s shapes, the experts FP8 e4m3 and their scales fp32, and the folder's config.json (if
@@ -261,7 +256,7 @@ def check_checkpoint(path: str | Path, layer: int | None, spec: ModelSpec) -> in
                              "of the model's keys")
         for key, field_ in CONFIG_KEYS.items():
             if key in conf and conf[key] != getattr(spec, field_):
-                raise UsageError(f"checkpoint {path}: config.json {key} = {_short(conf[key])}, --model {spec.name} has "
+                raise UsageError(f"checkpoint {path}: config.json {key} = {shown(conf[key])}, --model {spec.name} has "
                                  f"{field_} = {getattr(spec, field_)}")
         if conf.get("use_routing_bias") is False:  # the kernel and the oracle always add the selection bias
             raise UsageError(f"checkpoint {path}: config.json use_routing_bias = false; ffnq's router adds "

@@ -57,7 +57,6 @@ class CpuRunner(Runner):
         H, B = self.model.hidden, self.BLOCKS
         self._cols = [slice(c * H // B, (c + 1) * H // B) for c in range(B)]
         self._stamp = {n: i for i, n in enumerate(stamp_names(self.tp))}
-        self._compile_s: dict[int, float] = {}
         # (ids of w13, s13, w2, s2; local expert) -> (weakrefs to them, their versions, (w13, w2) fp32)
         self._deq: dict[tuple, tuple] = {}
         self._deq_bytes = 0
@@ -72,9 +71,8 @@ class CpuRunner(Runner):
                 self.expert(weights, le)
 
     def describe(self, width: int) -> dict:
-        return {"kernel": kernel_name(self.keys[width]), "compile_s": self._compile_s.get(width),
+        return {"kernel": kernel_name(self.keys[width]), "compile_s": None,
                 "grid": self.BLOCKS, "threads": self.THREADS}
-
 
     def __call__(self, part, residual, weights, slots, final=False):
         s = self.check_inputs(part, residual, slots)
@@ -144,7 +142,7 @@ class CpuStep:
                 self.tl[c, col] = t
 
     def run(self, part, residual, slots, final):
-        r, s = self.r, self.s
+        r = self.r
         self.stamp("start")
         self.arrive_late()
         self.exchange(Phase.SEAM, "seam", part)

@@ -135,6 +135,7 @@ def compile_widths(module: str, args: tuple, widths: list[int], label: str, inne
     the time left going by the widths done so far) under one for the whole table (elapsed, ETA).
     Rows in width order. Even one width at a time goes to a worker process: this one keeps the
     bars moving meanwhile."""
+    import multiprocessing as mp
     import os
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -163,8 +164,6 @@ def compile_widths(module: str, args: tuple, widths: list[int], label: str, inne
                    disable=not live)
     with bar:
         whole = bar.add_task(f"warm {label}", total=len(widths), count=f"0/{len(widths)} widths")
-        import multiprocessing as mp
-
         todo = list(widths)
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as ex:
             running = {}  # future -> (width, its task, start)
