@@ -41,6 +41,7 @@ class MyRunner(CpuRunner):
         refuse a width whose grid cannot be resident: ffnq.residency.check(kernel, per_cu, cus, grid)
         raises with the numbers. Keep the driver's answer in ``self.residency[width]``."""
         super().warm(weights, compute_units)  # the cpu stand-in: checks the weights, dequantizes them once
+        self._compile_s = {}
         for s in self.widths:
             t0 = time.perf_counter()
             # YOUR COMPILE HERE, e.g. self._kernels[s] = compile(self.keys[s]) -- self.keys[s] is the
