@@ -4,6 +4,21 @@ from __future__ import annotations
 import signal
 
 
+SHOWN_CHARS = 60  # a value quoted in an error message: one line, at most this long
+
+
+def cut(text: str, n: int = SHOWN_CHARS) -> str:
+    """``text`` on one line, cut to ``n`` characters with '...' (an error message quotes a user's
+    value, not 40,000 characters of it)."""
+    text = str(text).replace("\r", "\\r").replace("\n", "\\n")
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def shown(value, n: int = SHOWN_CHARS) -> str:
+    """A user's value as an error message quotes it: its repr, one line, cut to ``n``."""
+    return cut(repr(value), n)
+
+
 class UsageError(ValueError):
     """Bad input: one line naming the value and what is allowed. The CLI exits 2 on it."""
 

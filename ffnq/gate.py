@@ -46,7 +46,7 @@ from xml.sax.saxutils import escape, quoteattr
 import pandas as pd
 
 from ffnq.errors import UsageError
-from ffnq.options import cut, shown
+from ffnq.errors import cut, shown
 from ffnq.spec import is_int, is_number
 
 VERBS = ("warm", "qualify", "bench", "soak")

@@ -17,7 +17,7 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ffnq.errors import UsageError
+from ffnq.errors import UsageError, cut, shown
 from ffnq.spec import Experts, load_model
 
 GPU_BACKENDS = ("triton", "flydsl")
@@ -28,21 +28,6 @@ MAX_TIMEOUT_S, MIN_TIMEOUT_S = 60.0, 1e-6
 MAX_TP = 64
 RDZV = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
 CHECKPOINT_READ_GBPS = 0.5  # a slow disk's read rate, for the deadline's share of a checkpoint's reads
-SHOWN_CHARS = 60  # a value quoted in an error message: one line, at most this long
-
-
-def cut(text: str, n: int = SHOWN_CHARS) -> str:
-    """``text`` on one line, cut to ``n`` characters with '...' (an error message quotes a user's
-    value, not 40,000 characters of it)."""
-    text = str(text).replace("\r", "\\r").replace("\n", "\\n")
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
-def shown(value, n: int = SHOWN_CHARS) -> str:
-    """A user's value as an error message quotes it: its repr, one line, cut to ``n``."""
-    return cut(repr(value), n)
-
-
 def fresh_seed() -> int:
     """A seed for a run that names none: each run checks new weights and inputs, and its report
     keeps the seed (``--seed`` repeats the run)."""

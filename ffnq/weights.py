@@ -16,8 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ffnq.errors import UsageError
-from ffnq.options import shown
+from ffnq.errors import UsageError, shown
 from ffnq.spec import Experts, ModelSpec
 
 FP8 = torch.float8_e4m3fn
