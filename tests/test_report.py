@@ -1,7 +1,6 @@
 """report: tables on the terminal, the folder written atomically and read back."""
 import json
 import re
-from pathlib import Path
 
 import pandas as pd
 import pytest

@@ -4,7 +4,6 @@ machines, here on one."""
 import json
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
