@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from ffnq.errors import Stopped, UsageError
+from ffnq.jobs.records import SET_UP
 
 if TYPE_CHECKING:
     from ffnq.options import JobOptions
@@ -297,7 +298,7 @@ def _where(rec: dict | None, beat: dict | None = None) -> str:
     if rec is None:
         return "start-up"
     if rec.get("kind") == "start":
-        return "set-up (process group, peer buffers, weights)"
+        return f"{SET_UP} (process group, peer buffers, weights)"
     if rec.get("kind") == "progress":
         return f"{rec.get('what') or 'step'} ({rec['done']}/{rec['total']})"
     return rec.get("kind", "?")
@@ -455,7 +456,7 @@ class Watch:
                         f"(--timeout) at {where}")
         else:
             self.stopped.pop(r, None)
-        set_up = str(b.get("phase", "")).startswith("set-up")
+        set_up = str(b.get("phase", "")).startswith(SET_UP)
         limit = SETUP_STALL_S if set_up else self.timeout + STALL_MARGIN_S
         quiet = now - self.changed[r][1]
         if quiet > limit:

@@ -55,7 +55,7 @@ from ffnq.dist import all_ranks, barrier
 from ffnq.errors import RankFault, UsageError
 from ffnq.jobs.qualify_cases import NOT_CHECKED, compact_fault, judged
 from ffnq.jobs.rank import from_options
-from ffnq.jobs.records import Records, call_deadline_s, clock_offsets, main
+from ffnq.jobs.records import SET_UP, Records, call_deadline_s, clock_offsets, main
 from ffnq.options import JobOptions
 from ffnq.runner import NotReadable
 from ffnq.spec import stamp_names
@@ -118,7 +118,7 @@ class Qualify:
         rec.row("clock", {"rank": self.rank, "offset_ns": self.offsets[self.rank], "rounds": 9,
                           "method": "median of (clock_ns on rank - on rank 0) after a barrier"})
         self.case_id = 0
-        self.case = "set-up"
+        self.case = SET_UP
         self.slowest: float | None = None  # seconds of the slowest call with no fault and no delay
         self.called: set[tuple[int, int]] = set()  # (runner, width) pairs called once
         # the oracle's fp64 experts of the job's own weights, kept on the cpu (~300 MB for tiny; a
