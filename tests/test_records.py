@@ -140,3 +140,15 @@ def test_heartbeat_carries_the_phase_the_call_and_the_counts(tmp_path):
 def test_call_deadline_follows_the_slowest_call():
     assert records.call_deadline_s(1.0, None) == 1.0 + records.FIRST_CALL_S
     assert records.call_deadline_s(1.0, 0.05, 2.5) == pytest.approx(1.0 + 2.5 + records.STEP_SLACK_S + 0.5)
+
+
+def test_each_runner_s_first_call_at_a_width_gets_the_first_call_s_allowance():
+    d, a, b = records.CallDeadlines(1.0), object(), object()
+    first = 1.0 + records.FIRST_CALL_S
+    assert d.deadline_s(a, 4) == first
+    d.took(0.05)
+    d.took(0.01)  # the slowest call sets the pace
+    later = 1.0 + records.STEP_SLACK_S + records.SLOW_FACTOR * 0.05
+    assert d.deadline_s(a, 4) == pytest.approx(later)
+    assert d.deadline_s(a, 8) == first and d.deadline_s(b, 4) == first
+    assert d.deadline_s(b, 4, delay_s=2.5) == pytest.approx(later + 2.5)

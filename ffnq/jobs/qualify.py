@@ -55,7 +55,7 @@ from ffnq.dist import all_ranks, barrier
 from ffnq.errors import RankFault, UsageError
 from ffnq.jobs.qualify_cases import NOT_CHECKED, compact_fault, judged
 from ffnq.jobs.rank import from_options
-from ffnq.jobs.records import SET_UP, Records, call_deadline_s, clock_offsets, main
+from ffnq.jobs.records import SET_UP, CallDeadlines, Records, clock_offsets, main
 from ffnq.options import JobOptions
 from ffnq.runner import NotReadable
 from ffnq.spec import stamp_names
@@ -119,18 +119,10 @@ class Qualify:
                           "method": "median of (clock_ns on rank - on rank 0) after a barrier"})
         self.case_id = 0
         self.case = SET_UP
-        self.slowest: float | None = None  # seconds of the slowest call with no fault and no delay
-        self.called: set[tuple[int, int]] = set()  # (runner, width) pairs called once
+        self.deadlines = CallDeadlines(self.job.timeout)
         # the oracle's fp64 experts of the job's own weights, kept on the cpu (~300 MB for tiny; a
         # GPU's 256 minimax-m2 experts would be 29 GB: there each step dequantizes its own)
         self.cache: dict | None = {} if self.job.device.type == "cpu" else None
-
-    def deadline_s(self, r, s: int, delay_ns: int = 0) -> float:
-        """A runner call's deadline: the kernel's bound, the injected delay, and its own time (a
-        runner's first call at a width gets the first call's allowance: it may finish loading)."""
-        first = (id(r), s) not in self.called
-        self.called.add((id(r), s))
-        return call_deadline_s(self.job.timeout, None if first else self.slowest, delay_ns / 1e9)
 
     # ---- one checked step ----------------------------------------------------------------------
     def step(self, r, s: int, padding: int = 0, final: bool = True, check: bool = True, scale: float = 1.0,
@@ -154,7 +146,7 @@ class Qualify:
         t0 = time.perf_counter()
         raised = None
         out = res_out = None
-        with self.rec.call(self.case, s, self.deadline_s(r, s, delay_ns)):
+        with self.rec.call(self.case, s, self.deadlines.deadline_s(r, s, delay_ns / 1e9)):
             try:
                 out, res_out = r(parts[self.rank], residual, rank_w, slots, final=final)
                 _sync(r.device)
@@ -167,7 +159,7 @@ class Qualify:
         else:
             ev["not_checked"].append("fault record (no fault region)")
         if not delay_ns and not ev["fault"]:
-            self.slowest = max(self.slowest or 0.0, wall)
+            self.deadlines.took(wall)
         if check:
             ev |= self.agree(r, s, None if raised else out, res_out)
         if check and raised is None and versus_ref:

@@ -63,6 +63,28 @@ def call_deadline_s(timeout_s: float, slowest_s: float | None, delay_s: float = 
     return timeout_s + delay_s + own
 
 
+class CallDeadlines:
+    """The deadlines of one rank's runner calls, in seconds (call_deadline_s): a runner's first
+    call at a width gets FIRST_CALL_S (it may finish loading), every later one follows the
+    slowest call timed so far."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.slowest_s: float | None = None
+        self._called: set[tuple[int, int]] = set()  # (id(runner), width) called once
+
+    def deadline_s(self, runner: object, width: int, delay_s: float = 0.0) -> float:
+        """This call's deadline (s), with ``delay_s`` injected into it."""
+        key = (id(runner), width)
+        first = key not in self._called
+        self._called.add(key)
+        return call_deadline_s(self.timeout_s, None if first else self.slowest_s, delay_s)
+
+    def took(self, wall_s: float) -> None:
+        """A call's own time (s; one with no fault and no delay): later deadlines follow the slowest."""
+        self.slowest_s = max(self.slowest_s or 0.0, wall_s)
+
+
 class Records:
     def __init__(self, result_dir: str, rank: int, beat: bool = False):
         self.rank = rank

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from ffnq import reference
 from ffnq.errors import RankFault, UsageError
 from ffnq.jobs.rank import from_options
-from ffnq.jobs.records import Records, call_deadline_s, main
+from ffnq.jobs.records import CallDeadlines, Records, main
 from ffnq.options import JobOptions
 
 MAX_RUNNERS, MAX_STEPS = 16, 100_000_000
@@ -120,8 +120,7 @@ class Soak:
         self.n = dict(steps=0, checked=0, mismatches=0, stale=0, disagree=0, faults=0)
         self.rss0 = rss_mb()
         self.rss_warm = None
-        self.slowest: float | None = None  # the slowest call so far (s): each call's deadline follows it
-        self.called: set[tuple[int, int]] = set()  # (runner, width) pairs called once
+        self.deadlines = CallDeadlines(self.job.timeout)
         self.rec.counts = lambda: dict(self.n)  # on every heartbeat: a rank killed from outside keeps its count
         self.rec.phase("soak")
 
@@ -166,11 +165,9 @@ class Soak:
         r = self.runners[ri]
         parts, residual, slots = self.job.inputs(s, SOAK_CASE, step, padding)
         t = time.perf_counter()
-        first = (ri, s) not in self.called  # a runner's first call at a width may finish loading
-        self.called.add((ri, s))
-        with self.rec.call(f"soak step {step}", s, call_deadline_s(self.job.timeout, None if first else self.slowest)):
+        with self.rec.call(f"soak step {step}", s, self.deadlines.deadline_s(r, s)):
             out, res_out = r(parts[self.rank], residual, self.job.weights, slots, final=final)
-        self.slowest = max(self.slowest or 0.0, time.perf_counter() - t)
+        self.deadlines.took(time.perf_counter() - t)  # a faulted call ends the soak: no later deadline
         fault = r.fault(s)
         if fault:
             self.n["faults"] += 1
