@@ -276,8 +276,8 @@ def soak(
     """
     values = dict(locals())
 
-    def judge(table, error):
-        return 1 if error or not len(table) or table.mismatches.sum() or table.stale.sum() else 0
+    def judge(table, _):
+        return 1 if table.attrs["error"] or not len(table) or table.mismatches.sum() or table.stale.sum() else 0
 
     _run("soak", _job_values(values), out, json_out, judge)
 

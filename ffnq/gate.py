@@ -397,8 +397,6 @@ def run_gate(config: str, out: Path, json_out: bool) -> int:
     runners = {"warm": run_warm, "qualify": run_qualify, "bench": run_bench, "soak": run_soak}
     for verb, opts in jobs:
         table, path = runners[verb](opts, out, json_out)
-        if verb == "soak":  # (table, error): its report and error ride on the table
-            path = table.attrs["report"]
         rows += checks(verb, table, cfg["thresholds"], str(path))
         if verb in cfg["compare"]:
             rows += relative_checks(verb, cfg["compare"][verb], str(path), cfg["thresholds"])

@@ -228,7 +228,9 @@ def warm_report(table, be, tp, model, target, opts, res, out, json_out):
 
 
 def run_soak(opts, out: Path, json_out: bool):
-    """Launch soak; on a fault or a dead rank still report every step that finished."""
+    """Launch soak, show its table, write its report; (per-rank table, report path). A fault or a
+    dead rank still reports every step that finished, its error in ``table.attrs["error"]`` (None
+    when the job ran through): the CLI's and the gate's verdicts read it."""
     from ffnq import launch
     from ffnq.jobs.soak import summarize
     from ffnq.report import error_line
@@ -253,8 +255,8 @@ def run_soak(opts, out: Path, json_out: bool):
         error_line(error)
     footer(verdict, json_out)
     saved(path, json_out)
-    table.attrs.update(report=str(path), error=error)  # the gate's: which report, and why it ended
-    return table, error
+    table.attrs["error"] = error
+    return table, path
 
 
 def run_compare(base: Path, new: Path, out: Path, json_out: bool) -> int:
