@@ -71,9 +71,9 @@ def test_only_builds_that_read_it_get_the_packed_copy(tune, packed, monkeypatch)
     assert torch.equal(got.view(torch.uint8), (packed_w13(w.w13, 64) if packed else w.w13).view(torch.uint8))
 
 
-@pytest.mark.parametrize("tune, packed", [("", False), ("PACKED_W2=1", True), ("PACKED_W2=1,DOWN_FP8=0", False)])
+@pytest.mark.parametrize("tune, packed", [("", True), ("PACKED_W2=0", False), ("PACKED_W2=1,DOWN_FP8=0", False)])
 def test_only_builds_that_read_it_get_the_packed_w2(tune, packed, monkeypatch):
-    """PACKED_W2 (off by default) packs w2 by the width's DOWN_TILE and UP_TILE; the fp16 stage 2
+    """PACKED_W2 (on by default) packs w2 by the width's DOWN_TILE and UP_TILE; the fp16 stage 2
     (DOWN_FP8=0) reads w2 as given whatever the key says."""
     r, w = _tiny_runner(tune, 3, monkeypatch)
     got = r._weights(w, 3)[5]
