@@ -347,40 +347,6 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", "PACKED_W2=1", "DOWN_FP8=2", "DOWN_FP8=2,PACKED_W2=1,DOWN_KSPLIT=2", "DOWN_FP8=0",
-                                  "DOWN_FP8=0,FP8_X=0,SCALE_ON_PRODUCT=0"])
-def test_interpreter_tp1_down_tile_of_two_scale_blocks(tune, monkeypatch):
-    """DOWN_TILE=256: tiny's 256 columns are one stage-2 tile over two w2 scale blocks, so each of
-    its rows must take its own block's scale: in steps of one stage-1 tile (DOWN_FP8=1, the
-    tile's default) and tile-packed (PACKED_W2=1), in steps of 128 (also packed, in two parts of
-    the intermediate), on the fp16 act (DOWN_FP8=0) and with the scale folded into fp16 weights.
-    The control: rows 128-255 scaled by rows 0-127's block (stage 2's one scale a K step before)
-    are off the reference by more than the step's tolerance."""
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", ",".join(t for t in ("DOWN_TILE=256", tune) if t))
-    import dataclasses
-    import torch
-    from ffnq import reference
-    from ffnq.backends.triton import TritonRunner
-    from ffnq.backends.triton import geometry as G
-    slots = torch.tensor([0, -1, 2])
-    r, full, w = _tp1_runner(TritonRunner, 3, 2)
-    g = G.geometry(r.keys[3])
-    assert (g["DOWN_TILE"], g["DOWN_FP8"]) == (256, int(tune.split("DOWN_FP8=")[1][0]) if "DOWN_FP8" in tune else 1)
-    out, res, ref = _tp1_run(r, full, w, slots, torch.Generator().manual_seed(5))
-    _assert_step_matches(r, out, ref, slots)
-    assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
-    gi = torch.Generator().manual_seed(5)  # _tp1_run's inputs again
-    part, resid = (torch.randn(3, 256, generator=gi).bfloat16() for _ in range(2))
-    one = full.s2.clone()
-    one[:, 1] = one[:, 0]
-    assert (full.s2[:, 1] != full.s2[:, 0]).all()
-    bad = reference.step([part], resid, slots, dataclasses.replace(full, s2=one), r.model)
-    assert torch.equal(bad.chosen, ref.chosen)  # the same experts: only the scales differ
-    assert reference.compare(bad.out, ref.out, rows=torch.tensor([0, 2]))["rel_err"] > 5e-2
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
 def test_interpreter_tp1_whole_rows_router(monkeypatch):
     """FULL_ROWS: every CTA reads the two whole rows for rstd and its own experts' logits, in phase A,
     and passes one grid barrier; x, the logits and the routing must be the reference's."""

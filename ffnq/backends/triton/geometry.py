@@ -157,13 +157,10 @@ def geometry(key) -> dict:
     while bn > 16 and i_r and (i_r % bn or 128 % bn):
         bn //= 2
     # DOWN_TILE: 64 rows at one or two tokens (twice the items to spread over the grid: 0.6-1.4 us
-    # faster), 128 from three (64 was 2.4-5.1% slower at 4-16 tokens). 256 (not yet timed on a GPU):
-    # an item of 256 rows x the intermediate, a stage-1 item's bytes, halves stage 2's items and
-    # their fixed costs; its rows span two w2 scale blocks, so each row takes its own block's scale
+    # faster), 128 from three (64 was 2.4-5.1% slower at 4-16 tokens)
     bh = tune.get("DOWN_TILE", 64 if key.tokens <= 2 else 128)
-    _allowed("DOWN_TILE", bh, (16, 32, 64, 128, 256), "16, 32, 64, 128 or 256 rows")
-    if hidden % bh:
-        raise ValueError(f"FFNQ_TRITON_TUNE DOWN_TILE={bh}: must divide the hidden size {hidden}")
+    # at most one 128-row scale block of w2 a tile: stage 2 takes one block scale a K step
+    _allowed("DOWN_TILE", bh, (16, 32, 64, 128), "16, 32, 64 or 128 rows (one w2 scale block at most)")
     # SUM_BATCH: slots summed per batch of loads in phase E (a power of two; the loads of one
     # batch are in flight together): 2048 fp32 a batch, 8 slots at 16-column chunks
     jb = tune.get("SUM_BATCH", max(1, min(8, 2048 // (16 * max(16, _p2(ch))))))
@@ -245,12 +242,9 @@ def geometry(key) -> dict:
     # written by that tile's maker): no fp8 -> fp16 conversion of w2 in the loop, which alone
     # reads 3.92 / 4.10 TB/s at 64 / 128 rows against the fp16 loop's 3.30 / 3.01 (289.2 against
     # 309.0 us at 16 tokens). Steps of 128 (an MMA per stage-1 tile); steps of one tile (1) were
-    # slower at 1-4 tokens. At DOWN_TILE 256 steps of one tile: 256 x 64 codes a step, 128 rows'
-    # 128 x 128, so the pipeline holds the 128-row build's bytes and shared memory (in steps of 128
-    # minimax-m2 TP1 took 174-192 registers at 1-2 tokens, not three CTAs an SM, and 139-148 KB of
-    # shared memory at 8-16, one). NVIDIA's fp8 path only (FP8_X)
-    a8 = _allowed("DOWN_FP8", tune.get("DOWN_FP8", 1 if bh > 128 else 2) if f8 and i_r > 0 and 128 % bn == 0 else 0,
-                  (0, 1, 2), "0 (fp16 act), 1 or 2 (fp8 act terms in steps of one stage-1 tile or of 128)")
+    # slower at 1-4 tokens. NVIDIA's fp8 path only (FP8_X)
+    a8 = _allowed("DOWN_FP8", tune.get("DOWN_FP8", 2) if f8 and i_r > 0 and 128 % bn == 0 else 0, (0, 1, 2),
+                  "0 (fp16 act), 1 or 2 (fp8 act terms in steps of one stage-1 tile or of 128)")
     # DOWN_ACT_TERMS: the act's fp8 terms (4: ~16 bits; 2: ~8, a bf16 act's; 1: one code an
     # element). Four spill at 9-16 tokens (302.7 against 289.2 us at 16); max rel_err over 1-16
     # tokens 0.00179 against 0.00173 (each element keeps its own exponent under the tile's scale)

@@ -74,7 +74,7 @@ GPU pair: one TP2 rank's build timed on one GPU); "a vs b" is the choice against
 | X_TERMS | fp8 terms of x (2: ~8 mantissa bits, a bf16's; 4: ~16) | 2, or 4 where four terms over 8 columns make N = 32; table 2 at TP1 5-8, TP2 1, 4, 7-8, and 4 at TP2 6 | 2 terms halve stage 1's accumulators (249 to 178 registers at 4 tokens): 280.3-281.6 vs 290.5-293.8 us at 16; max rel_err 0.0020 vs 0.0018 |
 | FP8_X | x as fp8 terms, an fp8 x fp8 stage 1 (0: an fp16 x pair and fp8 -> fp16 weights) | 1; CDNA 0 | TP2 65.3 vs 72.9 us at 1 token, 198.5 vs 243.1 at 16; gfx942's fp8 MMA reads the fnuz format |
 | SCALE_ON_PRODUCT | the block scale times each K block's fp32 product (0: folded into fp16 weights) | 1 (always with FP8_X) | the folded path rounds each weight to fp16 and takes only scales < 0.57 (448 x scale x 2^8 < 65504) |
-| DOWN_TILE | stage-2 tile rows of H (16-128; 256: two w2 scale blocks, each row its own block's scale, in steps of one stage-1 tile, DOWN_FP8 1, unless asked) | 64 up to 2 tokens, else 128 | 64 rows at 1-2 tokens: twice the items over the grid, 0.6-1.4 us faster; at 4-16 2.4-5.1% slower. 256 rows (an item a stage-1 item's 393 KB: half the items and their fixed costs) checked in the interpreter and resident on sm_90 at TP1 1-16 (no spills, the default's CTAs per SM), not yet timed on a GPU |
+| DOWN_TILE | stage-2 tile rows of H | 64 up to 2 tokens, else 128 | 64 rows at 1-2 tokens: twice the items over the grid, 0.6-1.4 us faster; at 4-16 2.4-5.1% slower |
 | DOWN_KSPLIT | parts of the intermediate per stage-2 item, each its own partial | 1; table 2 at TP1 3-4 tokens, TP2 3 | the last round's items end ~6 us apart, not ~12: 94.0 vs 95.1 us at 3 tokens, 113.7 vs 114.3 at 4; at 5-16 the parts cost more (170.0 vs 166.4 at 8) |
 | DOWN_FP8 | stage 2 on fp8 act terms x the fp8 w2 codes (1: steps of one stage-1 tile, 2: of 128; 0: fp16 act) | 2 where FP8_X; CDNA 0 | the loop alone reads 3.92 / 4.10 TB/s at 64 / 128 rows vs 3.30 / 3.01 on fp16 act; 289.2 vs 309.0 us at 16 tokens |
 | DOWN_ACT_TERMS | fp8 terms of act | 2 | 4 terms spill at 9-16 tokens: 302.7 vs 289.2 us at 16; max rel_err 0.00179 vs 0.00173 |
@@ -747,16 +747,7 @@ def ffn_kernel(
                                 wq = tl.load(wpk + kk * DOWN_TILE)
                             else:
                                 wq = tl.load(wbase + kk + kn[None, :])
-                            if DOWN_TILE > 128:
-                                # the tile's rows span w2 scale blocks: one scale would take rows
-                                # 128-255 at rows 0-127's, so each row gets its own block's
-                                sw = tl.load(sbase + kk // 128) + tl.zeros((DOWN_TILE, 1), tl.float32)
-                                for b in tl.static_range(1, DOWN_TILE // 128):
-                                    sw = tl.where(hh[:, None] >= b * 128,
-                                                  tl.load(sbase + b * (INTER // 128) + kk // 128), sw)
-                                sc = sw * tl.load(asc + kk // UP_TILE, cache_modifier=".cg")
-                            else:
-                                sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // UP_TILE, cache_modifier=".cg")
+                            sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // UP_TILE, cache_modifier=".cg")
                             yt8 = _mma_sc(wq, sc, av, yt8, INTERP, IS_HIP, SCALE_ON_PRODUCT)
                     # [DOWN_TILE, DOWN_COLS]
                     yv = tl.sum(tl.reshape(yt8 * tw8[None, :], (DOWN_TILE, DOWN_ACT_TERMS, DOWN_COLS)), axis=1)
@@ -766,15 +757,8 @@ def ffn_kernel(
                         a = tl.load(act + (j * ROW_PAD + rows[None, :]).to(tl.int64) * INTER + kq + k0 + ki[:, None],
                                     mask=rmask[None, :], other=0.0, cache_modifier=".cg")
                         wq = tl.load(wbase + kq + k0 + ki[None, :])
-                        if DOWN_TILE > 128:  # each row its own block's scale, as on the fp8 act
-                            sw = tl.load(sbase + (kq + k0) // 128) + tl.zeros((DOWN_TILE, 1), tl.float32)
-                            for b in tl.static_range(1, DOWN_TILE // 128):
-                                sw = tl.where(hh[:, None] >= b * 128,
-                                              tl.load(sbase + b * (INTER // 128) + (kq + k0) // 128), sw)
-                            yt = _mma_sc(wq, sw * SCALE_MUL, a, yt, INTERP, IS_HIP, SCALE_ON_PRODUCT)
-                        else:
-                            yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SCALE_MUL, a, yt, INTERP, IS_HIP,
-                                         SCALE_ON_PRODUCT)
+                        yt = _mma_sc(wq, tl.load(sbase + (kq + k0) // 128) * SCALE_MUL, a, yt, INTERP, IS_HIP,
+                                     SCALE_ON_PRODUCT)
                     yv = yt * (1.0 / SCALE_MUL)
                 # the successor and its header now, their round trips behind this store and release
                 if EARLY_HEADER & 1:
