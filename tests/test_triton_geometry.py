@@ -307,6 +307,24 @@ def test_packed_w13_by_default(monkeypatch):
         G.geometry(offline.build_key(spec, 2, Experts.ALL, 4))
 
 
+def test_packed_w2_at_tp1_by_default(monkeypatch):
+    """TP1's builds read w2 tile-packed (PACKED_W2: measured faster at every width on an H100);
+    TP2's as given until timed there; the key wins either way; the fp16 stage 2 (DOWN_FP8=0)
+    and a build without experts never read it packed."""
+    spec = load_model("minimax-m2")
+    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
+    packed = {tp: [G.geometry(offline.build_key(spec, tp, Experts.ALL, s))["PACKED_W2"] for s in (1, 3, 16)]
+              for tp in (1, 2)}
+    assert packed == {1: [1, 1, 1], 2: [0, 0, 0]}
+    assert G.geometry(offline.build_key(spec, 1, Experts.NONE, 4))["PACKED_W2"] == 0
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PACKED_W2=1")
+    assert G.geometry(offline.build_key(spec, 2, Experts.ALL, 4))["PACKED_W2"] == 1
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PACKED_W2=0")
+    assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 4))["PACKED_W2"] == 0
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PACKED_W2=1,DOWN_FP8=0")
+    assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 4))["PACKED_W2"] == 0
+
+
 def test_down_tile_over_one_scale_block_is_refused(monkeypatch):
     """Stage 2 takes one w2 block scale a K step, so a tile of more than 128 rows (two scale
     blocks) would scale half its rows wrong: refused, named."""

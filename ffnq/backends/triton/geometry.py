@@ -276,8 +276,9 @@ def geometry(key) -> dict:
     # PACKED_W2: stage 2 (fp8 act terms) reads w2 tile-packed by the runner (runner.packed_w2: an
     # item's DOWN_TILE rows one contiguous DOWN_TILE x INTER bytes, each loop step DOWN_TILE x
     # UP_TILE of them, not UP_TILE bytes of each of DOWN_TILE rows INTER apart): 2-3.5% faster at
-    # every TP1 width on an H100, 479.5 against 496.8 us at 16 tokens, 58.1 against 59.2 at one
-    pk2 = _allowed("PACKED_W2", tune.get("PACKED_W2", 1), (0, 1),
+    # every TP1 width on an H100, 479.5 against 496.8 us at 16 tokens, 58.1 against 59.2 at one.
+    # Off at TP > 1 until timed there (TP2's 3-token final build spills 4 B under its 168 registers)
+    pk2 = _allowed("PACKED_W2", tune.get("PACKED_W2", int(key.tp == 1)), (0, 1),
                    "0 (w2 as given) or 1 (w2 tile-packed by the runner)")
     # LOGIT_FMA_ROWS' FMAs hold [rows, CHUNK_P2, EXPERTS] products: over chunks of more than 16
     # columns (a grid under H / 16 CTAs: an H20's 156) they spilled from four rows (16-656 B at
