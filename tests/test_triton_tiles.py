@@ -1,5 +1,6 @@
-"""tiles._topk under the Triton interpreter: the three SORT_TOPK forms pick the same experts and
-weights as a float64 oracle (highest biased score, the lowest index on a tie), ties included."""
+"""tiles under the Triton interpreter: the three SORT_TOPK forms of _topk pick the same experts and
+weights as a float64 oracle (highest biased score, the lowest index on a tie), ties included;
+_bf16 rounds as a GPU does (to nearest even), where the interpreter's own conversion truncates."""
 import os
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ffnq.backends.triton.tiles import _topk
+from ffnq.backends.triton.tiles import _bf16, _topk
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                                    reason="slow: set TRITON_INTERPRET=1 to run")]
@@ -62,3 +63,29 @@ def test_interpreter_topk_forms_match_the_oracle_with_ties(sort):
     assert sel[1, 10:30].tolist() == [1] * 5 + [0] * 15  # the tie went to the lowest indices
     assert sel[:3].sum(1).tolist() == [k, k, k] and sel[3].sum() == 0
     assert torch.allclose(w.double(), want_w, rtol=1e-5, atol=1e-7)
+
+
+@triton.jit
+def _bf16_kernel(x_p, y_p, raw_p, N: tl.constexpr):
+    o = tl.arange(0, N)
+    x = tl.load(x_p + o)
+    tl.store(y_p + o, _bf16(x, True))
+    tl.store(raw_p + o, x.to(tl.bfloat16))
+
+
+def test_bf16_rounds_to_nearest_even():
+    """Random values of both signs and every magnitude, and the ties (the low 16 bits 0x8000, on
+    an even and an odd bf16): the same bits as torch's round to nearest even. The interpreter's
+    own conversion differs from it (it truncates), so the test can tell."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4096, generator=g) * torch.exp2(torch.randint(-60, 60, (4096,), generator=g).float())
+    ties = (torch.tensor([0x3F808000, 0x3F818000, 0xBF808000, 0xBF818000, 0x40008000], dtype=torch.int64)
+            .to(torch.int32).view(torch.float32))  # +-1.0 and +-1.0078125 (even, odd) plus half a bf16 step
+    x = torch.cat([x, ties, torch.tensor([0.0, -0.0, 1.0, -2.5])])
+    n = triton.next_power_of_2(len(x))
+    x = torch.cat([x, torch.zeros(n - len(x))])
+    y, raw = torch.empty(n, dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16)
+    _bf16_kernel[(1,)](x, y, raw, N=n)
+    want = x.to(torch.bfloat16)
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+    assert not torch.equal(raw.view(torch.int16), want.view(torch.int16))

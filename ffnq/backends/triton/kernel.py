@@ -120,7 +120,7 @@ import triton.language as tl
 from ffnq.backends.triton.sync import (F_EPOCH, F_VALID, PH_HANDSHAKE, PH_REDUCE, PH_SEAM, _as, _backoff,
     _clear_sync, _gather, _grid_barrier, _publish, _rank_faulted, _send, _spin_count, _stamp, _wait_count,
     _wait_peers, _wait_prefix, _wait_rows, now_ns, now_u)
-from ffnq.backends.triton.tiles import (_fp8, _fr_rows, _fr_weights, _mma_sc, _post_norm_all, _store_route, _store_x,
+from ffnq.backends.triton.tiles import (_bf16, _fp8, _fr_rows, _fr_weights, _mma_sc, _post_norm_all, _store_route, _store_x,
     _topk, _xsig, _xsig_of)
 from ffnq.backends.triton.items import _claim, _next_item, _s2_header
 
@@ -330,7 +330,7 @@ def ffn_kernel(
             h += _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, PEER_SEAM, PEER_SEAM_TAGGED,
                          PH_SEAM, PEER_FLAGS, PEER_FAULT_BOX, TP, MAX_TOKENS, HIDDEN, FLAG_CTAS, C_SEAM_SEEN, IS_HIP,
                          INTERP, TIMELINE, POLLS_PER_CLOCK, TAGGED_WORDS)
-        tl.store(res_out + offs, h.to(tl.bfloat16), mask=m2)
+        tl.store(res_out + offs, _bf16(h, INTERP), mask=m2)
         if FULL_ROWS:
             # (FULL_ROWS) every CTA reads the whole rows, so rstd and its own experts' logits need
             # no other CTA's partials, and phase B's work is done here: one grid barrier before
@@ -853,7 +853,7 @@ def ffn_kernel(
                         j0 += SUM_BATCH
         _stamp(tl_row, C_EXPERTS_DONE, IS_HIP, INTERP, TIMELINE)
         offs = rows[:, None] * HIDDEN + ccols[None, :]
-        yb = y.to(tl.bfloat16)
+        yb = _bf16(y, INTERP)
         if SOLO:
             tl.store(out + offs, yb, mask=m2)
         else:
@@ -869,7 +869,7 @@ def ffn_kernel(
             o = _gather(peers, fault, pid, rank, e, timeout_ns, tl_row, par, offs, m2, PEER_MOE, PEER_MOE_TAGGED,
                         PH_REDUCE, PEER_FLAGS, PEER_FAULT_BOX, TP, MAX_TOKENS, HIDDEN, FLAG_CTAS, C_RED_SEEN, IS_HIP,
                         INTERP, TIMELINE, POLLS_PER_CLOCK, TAGGED_WORDS)
-            tl.store(out + offs, o.to(tl.bfloat16), mask=m2)
+            tl.store(out + offs, _bf16(o, INTERP), mask=m2)
         _stamp(tl_row, C_RED_DONE, IS_HIP, INTERP, TIMELINE)
 
         # -------------------------------------------------------------------------- F: handshake, end

@@ -113,6 +113,17 @@ def _fp8(v, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _bf16(v, INTERP: tl.constexpr):
+    """fp32 -> bf16, round to nearest even. The interpreter (Triton 3.6) truncates (half its
+    conversions differ from a GPU's; res_out's error ~1.3x qualify's bound): there the low 16 bits
+    are rounded by integer arithmetic first, so its truncation keeps the rounded value."""
+    if INTERP:
+        b = v.to(tl.int32, bitcast=True)
+        v = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    return v.to(tl.bfloat16)
+
+
+@triton.jit
 def _xsig(post_norm, HIDDEN: tl.constexpr, HIDDEN_P2: tl.constexpr):
     """max |post_norm|: with it |x| / xsig <= sqrt(H) (|h_i| * rstd <= sqrt(H)), in fp8 range."""
     return _xsig_of(_post_norm_all(post_norm, HIDDEN, HIDDEN_P2))
