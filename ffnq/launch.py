@@ -449,6 +449,10 @@ class Watch:
     def _hung(self, r: int, b: dict, now: float) -> str | None:
         where = _where(None, b)
         state = _proc_state(self.pids[r]) if r in self.pids else None
+        if r in self.pids and state in (None, "Z", "X"):
+            # dead, not hung: torchrun reaps it and names its signal (diagnose); on a loaded host
+            # its reaping came after the heartbeat's limit, and a killed rank was named hung
+            return None
         if state in ("T", "t"):
             first = self.stopped.setdefault(r, now)
             if now - first > self.timeout:

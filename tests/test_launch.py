@@ -114,6 +114,27 @@ def test_watch_names_a_silent_rank_and_a_call_past_its_deadline(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_watch_leaves_a_dead_rank_to_torchrun(tmp_path):
+    """A rank killed but not yet reaped (a zombie), or gone, is not hung however long its beats
+    stop: torchrun names it and its signal. A live silent one still is."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        w = Watch(tmp_path, 2, 0.5, "marker")
+        beat(tmp_path, 0, pid=p.pid)
+        assert not w.check(now=0.0)
+        assert w.check(now=10.0) and "rank 0 hung: no heartbeat" in w.verdict  # alive and silent
+        w = Watch(tmp_path, 2, 0.5, "marker")
+        assert not w.check(now=0.0)
+        p.send_signal(signal.SIGKILL)
+        time.sleep(0.3)  # a zombie until reaped
+        assert not w.check(now=10.0)
+        p.wait(timeout=5)
+        assert not w.check(now=20.0)  # gone
+    finally:
+        p.kill()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 def test_watch_names_a_stopped_rank_and_kills_it(tmp_path):
     marker = f"ffnq-watch-test-{tmp_path.name}"
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
