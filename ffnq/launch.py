@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from ffnq.errors import Stopped, UsageError
-from ffnq.jobs.records import SET_UP
+from ffnq.jobs.records import SET_UP, SET_UP_PHASE
 
 if TYPE_CHECKING:
     from ffnq.options import JobOptions
@@ -249,7 +249,7 @@ def _wait(proc, result_dir: Path, end: float, job: str, progress: bool, watch: W
                         break
                     seen += 1
                     if r.get("kind") == "start":  # until its job's first progress: what it is doing
-                        bar.update(task, description=f"{job}: setting up (process group, peer buffers, weights)")
+                        bar.update(task, description=f"{job}: {SET_UP_PHASE}")
                     elif r.get("kind") == "progress":
                         bar.update(task, description=job, completed=r["done"], total=r["total"], what=r.get("what", ""),
                                    count=f"{r['done']}/{r['total']}")
@@ -298,7 +298,7 @@ def _where(rec: dict | None, beat: dict | None = None) -> str:
     if rec is None:
         return "start-up"
     if rec.get("kind") == "start":
-        return f"{SET_UP} (process group, peer buffers, weights)"
+        return SET_UP_PHASE
     if rec.get("kind") == "progress":
         return f"{rec.get('what') or 'step'} ({rec['done']}/{rec['total']})"
     return rec.get("kind", "?")

@@ -38,6 +38,7 @@ BEAT_S = 0.5  # the heartbeat's period
 FIRST_CALL_S = 10.0  # a runner call's own time before any call of the rank was timed
 STEP_SLACK_S, SLOW_FACTOR = 2.0, 10.0  # after: this + SLOW_FACTOR x the slowest call so far
 SET_UP = "set-up"  # a rank's phase until its job's own work begins: the watchdog allows it SETUP_STALL_S
+SET_UP_PHASE = f"{SET_UP} (process group, peer buffers, weights, warm)"  # as the heartbeat, bar and errors say it
 # what another rank's death or hang makes a collective or a bounded wait raise here (gloo, NCCL)
 PEER_LOSS = ("connection closed", "connection reset", "connection refused", "broken pipe", "closed by peer",
              "timed out", "gloo", "nccl", "socket")
@@ -91,7 +92,7 @@ class Records:
         self.dir = Path(result_dir)
         self.file = (self.dir / f"rank{rank}.jsonl").open("a", buffering=1)
         self.rows: list[dict] = []
-        self.state: dict = {"phase": f"{SET_UP} (process group, peer buffers, weights, warm)"}
+        self.state: dict = {"phase": SET_UP_PHASE}
         self.counts: Callable[[], dict] | None = None  # a job's running counts, in every beat
         self._call: tuple | None = None  # (case, width, monotonic start, deadline_s) of the call in flight
         self._stop = threading.Event()

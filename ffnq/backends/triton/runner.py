@@ -91,26 +91,26 @@ class PackedWeights:
     run eagerly before the capture (as the bench and the runner's warm do) makes it."""
 
     def __init__(self):
-        # (weakref to w13's owner, where in it, bn, its version when packed, the packed copy)
+        # (weakref to the weight's owner, where in it, bn, its version when packed, the packed copy)
         self._packed: list[tuple] = []
 
-    def get(self, w13: torch.Tensor, bn: int | tuple, pack=packed_w13) -> torch.Tensor:
-        """``w13`` as ``pack`` (packed_w13 or packed_w2, named packed_<weight>) lays it out for tile
+    def get(self, w: torch.Tensor, bn: int | tuple, pack=packed_w13) -> torch.Tensor:
+        """``w`` as ``pack`` (packed_w13 or packed_w2, named packed_<weight>) lays it out for tile
         ``bn`` (a tuple: the pack's arguments after the tensor)."""
-        owner, where = _owner(w13)
+        owner, where = _owner(w)
         for ref, at, b, version, p in self._packed:  # by identity (a tensor's == is elementwise)
-            if ref() is owner and at == where and b == bn and version == w13._version:
+            if ref() is owner and at == where and b == bn and version == w._version:
                 return p
-        if w13.is_cuda and torch.cuda.is_current_stream_capturing():
+        if w.is_cuda and torch.cuda.is_current_stream_capturing():
             name = pack.__name__.removeprefix("packed_")
             raise UsageError(f"weights: {name} is not packed for the Triton build (PACKED_{name.upper()}) yet; run one "
                              "step on them before capturing a CUDA graph")
         # the copies of freed tensors go when a new one is made, and so do the owner's copies of an
         # older version (its views share one version count) and the one this replaces
         self._packed = [e for e in self._packed if e[0]() is not None and not (
-            e[0]() is owner and (e[3] != w13._version or (e[1] == where and e[2] == bn)))]
-        p = pack(w13, *(bn if isinstance(bn, tuple) else (bn,)))
-        self._packed.append((weakref.ref(owner), where, bn, w13._version, p))
+            e[0]() is owner and (e[3] != w._version or (e[1] == where and e[2] == bn)))]
+        p = pack(w, *(bn if isinstance(bn, tuple) else (bn,)))
+        self._packed.append((weakref.ref(owner), where, bn, w._version, p))
         return p
 
 
