@@ -221,10 +221,9 @@ def _wait(proc, result_dir: Path, end: float, job: str, progress: bool, watch: W
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
                    TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=console, transient=True,
                    disable=not (progress and console.is_terminal))
-    rank0 = result_dir / "rank0.jsonl"
+    rank0 = Tail(result_dir / "rank0.jsonl")
     with bar:
         task = bar.add_task(f"{job}: starting the ranks", total=None, what="", count="")
-        seen = 0
         while True:
             try:
                 return proc.wait(timeout=POLL_S)
@@ -240,19 +239,37 @@ def _wait(proc, result_dir: Path, end: float, job: str, progress: bool, watch: W
                 watch.kill_ranks()
                 _kill_group(proc)
                 return None
-            if rank0.exists():
-                lines = rank0.read_text().splitlines()
-                for line in lines[seen:]:
-                    try:
-                        r = json.loads(line)
-                    except json.JSONDecodeError:
-                        break
-                    seen += 1
-                    if r.get("kind") == "start":  # until its job's first progress: what it is doing
-                        bar.update(task, description=f"{job}: {SET_UP_PHASE}")
-                    elif r.get("kind") == "progress":
-                        bar.update(task, description=job, completed=r["done"], total=r["total"], what=r.get("what", ""),
-                                   count=f"{r['done']}/{r['total']}")
+            for r in rank0.new():
+                if r.get("kind") == "start":  # until its job's first progress: what it is doing
+                    bar.update(task, description=f"{job}: {SET_UP_PHASE}")
+                elif r.get("kind") == "progress":
+                    bar.update(task, description=job, completed=r["done"], total=r["total"], what=r.get("what", ""),
+                               count=f"{r['done']}/{r['total']}")
+
+
+class Tail:
+    """The records appended to a JSON-lines file since the last look: a soak of hours writes
+    thousands of lines, and a poll every POLL_S reads only the new bytes."""
+
+    def __init__(self, path: Path):
+        self.path, self.pos = path, 0
+
+    def new(self) -> list[dict]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.pos)
+                got = f.read()
+        except FileNotFoundError:  # the rank has not started writing
+            return []
+        whole = got.rfind(b"\n") + 1  # a line still being written waits for the next look
+        self.pos += whole
+        out = []
+        for line in got[:whole].splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+        return out
 
 
 def _kill_group(proc) -> None:

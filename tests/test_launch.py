@@ -11,7 +11,7 @@ import pytest
 
 from ffnq.jobs.bench import BenchOptions
 from ffnq.jobs.qualify import QualifyOptions
-from ffnq.launch import Watch, _failure, diagnose, rank_states, torchrun_command, torchrun_failures
+from ffnq.launch import Tail, Watch, _failure, diagnose, rank_states, torchrun_command, torchrun_failures
 from helpers import TESTS, ffnq_cmd, job_pids
 
 
@@ -89,6 +89,19 @@ def beat(d: Path, rank: int, **kw) -> None:
     doc = {"rank": rank, "pid": kw.pop("pid", 0), "host": kw.pop("host", os.uname().nodename), "t": time.time(),
            "phase": "correct w=4"} | kw
     (d / f"rank{rank}.beat").write_text(json.dumps(doc))
+
+
+def test_tail_reads_only_whole_lines_appended_since_the_last_look(tmp_path):
+    f = tmp_path / "rank0.jsonl"
+    t = Tail(f)
+    assert t.new() == []  # not written yet
+    f.write_text('{"kind": "start"}\n{"kind": "progress", "do')
+    assert t.new() == [{"kind": "start"}]  # the half-written line waits
+    with f.open("a") as fh:
+        fh.write('ne": 1}\nnot json\n{"kind": "done"}\n')
+    assert t.new() == [{"kind": "progress", "done": 1}, {"kind": "done"}]
+    assert t.new() == []
+    assert t.pos == f.stat().st_size
 
 
 def test_watch_names_a_silent_rank_and_a_call_past_its_deadline(tmp_path):
