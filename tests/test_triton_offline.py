@@ -350,10 +350,12 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-def test_interpreter_tp1_whole_rows_router(monkeypatch):
+@pytest.mark.parametrize("tune", ["", ",DOWN_PER_TILE=2"])
+def test_interpreter_tp1_whole_rows_router(tune, monkeypatch):
     """FULL_ROWS: every CTA reads the two whole rows for rstd and its own experts' logits, in phase A,
-    and passes one grid barrier; x, the logits and the routing must be the reference's."""
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FULL_ROWS=2")
+    and passes one grid barrier; x, the logits and the routing must be the reference's; also with
+    stage-2 items of one stage-1 tile each (DOWN_PER_TILE, measured at these widths)."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FULL_ROWS=2" + tune)
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
