@@ -333,28 +333,3 @@ def test_down_tile_over_one_scale_block_is_refused(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "DOWN_TILE=256")
     with pytest.raises(ValueError, match="DOWN_TILE=256"):
         G.geometry(offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, 8))
-
-
-def test_stage_two_items_per_stage_one_tile(monkeypatch):
-    """DOWN_PER_TILE=p: a stage-2 item is one stage-1 tile over 1/p of H, so each (slot, tile) is
-    its own partial (DOWN_KSPLIT = the intermediate's tiles), in 128-row steps; every tile has a
-    counter its items wait on, split K or not; phase E reads every partial (not each row's own
-    slots), and stage 2's early header, which waits on the expert's count, is off. Off by
-    default; refused past 4 tokens, on the fp16 act, and where H is not whole steps."""
-    spec = load_model("minimax-m2")
-    monkeypatch.delenv("FFNQ_TRITON_TUNE", raising=False)
-    g0 = {s: G.geometry(offline.build_key(spec, 1, Experts.ALL, s)) for s in (1, 2)}
-    assert [g0[s]["DOWN_PER_TILE"] for s in (1, 2)] == [0, 0] and g0[1]["DOWN_TILE"] == 64
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "DOWN_PER_TILE=2,EARLY_HEADER=3")
-    for s in (1, 2):
-        g = G.geometry(offline.build_key(spec, 1, Experts.ALL, s))
-        tiles = g["INTER"] // g["UP_TILE"]
-        assert g["DOWN_PER_TILE"] == 2 and g["DOWN_KSPLIT"] == tiles == 24 and g["DOWN_TILE"] == 128
-        assert g["SUM_OWN_SLOTS"] == 0 and g["SUM_AS_DONE"] == 0 and g["EARLY_HEADER"] == 2
-        # [SLOTS] + [H tiles] + a counter per (slot, tile), with or without split K (2 tokens: whole K)
-        assert g["SLOT_TILE_AT"] == g["SLOTS"] + spec.hidden // 128 + g["SLOTS"] * tiles
-    assert G.geometry(offline.build_key(spec, 1, Experts.ALL, 2))["UP_KSPLIT"] == 1
-    for tune, width in (("DOWN_PER_TILE=2", 5), ("DOWN_PER_TILE=2,DOWN_FP8=0", 1), ("DOWN_PER_TILE=5", 1)):
-        monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
-        with pytest.raises(ValueError, match="DOWN_PER_TILE"):
-            G.geometry(offline.build_key(spec, 1, Experts.ALL, width))

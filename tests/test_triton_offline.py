@@ -319,8 +319,7 @@ def _claims_and_items(r, S: int) -> tuple[int, list]:
                                   "DOWN_KSPLIT=2", "DOWN_FP8=0", "DOWN_FP8=1", "DOWN_ACT_TERMS=4", "WORK_QUEUE=1",
                                   "EARLY_HEADER=3", "EARLY_HEADER=3,DOWN_FP8=0,WORK_QUEUE=1", "PACKED_W13=0",
                                   "PACKED_W2=1", "PACKED_W2=1,DOWN_FP8=1,DOWN_KSPLIT=2", "SORT_TOPK=2",
-                                  "SORT_TOPK=2,ROW_PICK_FROM=8", "DOWN_PER_TILE=2",
-                                  "DOWN_PER_TILE=1,UP_KSPLIT=2,PACKED_W2=0", "DOWN_PER_TILE=2,WORK_QUEUE=1,UP_KSPLIT=2"])
+                                  "SORT_TOPK=2,ROW_PICK_FROM=8"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
     the per-row top-k of phase B (the default from 3 rows), with every CTA's (ROW_PICK_FROM=8),
@@ -335,9 +334,7 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     (EARLY_HEADER=3: both stages), on the fp8 act and on the fp16 one, and with w13 as given
     (PACKED_W13=0: the default reads it tile-packed by the runner), and with w2 tile-packed
     (PACKED_W2=1), also in steps of one stage-1 tile and two parts of the intermediate, and with
-    the top-k as a sort of the fp32 scores (SORT_TOPK=2), in the row pick and in every CTA, and
-    with stage-2 items of one stage-1 tile each over half or all of H (DOWN_PER_TILE), after a
-    split tile's fix-up, on w2 as given and from the work counter."""
+    the top-k as a sort of the fp32 scores (SORT_TOPK=2), in the row pick and in every CTA."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
@@ -350,12 +347,10 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-@pytest.mark.parametrize("tune", ["", ",DOWN_PER_TILE=2"])
-def test_interpreter_tp1_whole_rows_router(tune, monkeypatch):
+def test_interpreter_tp1_whole_rows_router(monkeypatch):
     """FULL_ROWS: every CTA reads the two whole rows for rstd and its own experts' logits, in phase A,
-    and passes one grid barrier; x, the logits and the routing must be the reference's; also with
-    stage-2 items of one stage-1 tile each (DOWN_PER_TILE, measured at these widths)."""
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FULL_ROWS=2" + tune)
+    and passes one grid barrier; x, the logits and the routing must be the reference's."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FULL_ROWS=2")
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner

@@ -68,7 +68,7 @@ def _allowed(key: str, value: int, allowed, meaning: str) -> int:
 # register cap on NVIDIA, launch_options; PACKED_W13: the w13 layout stage 1 reads, which the runner
 # gives each build as it asks)
 MEASURED_KEYS = frozenset({
-    "CTAS_PER_SM", "DOWN_KSPLIT", "DOWN_PER_TILE", "DOWN_STAGES", "DOWN_TILE", "EARLY_HEADER", "EARLY_WEIGHTS", "LOGIT_FMA_ROWS",
+    "CTAS_PER_SM", "DOWN_KSPLIT", "DOWN_STAGES", "DOWN_TILE", "EARLY_HEADER", "EARLY_WEIGHTS", "LOGIT_FMA_ROWS",
     "MAXNREG", "PACKED_W13", "PACKED_W2", "ROW_PICK_FROM", "ROW_PICK_MAX_CTAS", "SUM_BATCH", "SUM_OWN_SLOTS", "UP_KSPLIT",
     "UP_KSPLIT_FIXUP", "UP_NARROW_FROM", "UP_STAGES", "UP_STAGES_NARROW", "UP_TILE", "WORK_QUEUE", "X_TERMS",
 })
@@ -158,7 +158,7 @@ def geometry(key) -> dict:
         bn //= 2
     # DOWN_TILE: 64 rows at one or two tokens (twice the items to spread over the grid: 0.6-1.4 us
     # faster), 128 from three (64 was 2.4-5.1% slower at 4-16 tokens)
-    bh = tune.get("DOWN_TILE", 64 if key.tokens <= 2 and not tune.get("DOWN_PER_TILE") else 128)
+    bh = tune.get("DOWN_TILE", 64 if key.tokens <= 2 else 128)
     # at most one 128-row scale block of w2 a tile: stage 2 takes one block scale a K step
     _allowed("DOWN_TILE", bh, (16, 32, 64, 128), "16, 32, 64 or 128 rows (one w2 scale block at most)")
     # SUM_BATCH: slots summed per batch of loads in phase E (a power of two; the loads of one
@@ -249,17 +249,6 @@ def geometry(key) -> dict:
     # element). Four spill at 9-16 tokens (302.7 against 289.2 us at 16); max rel_err over 1-16
     # tokens 0.00179 against 0.00173 (each element keeps its own exponent under the tile's scale)
     a8t = _allowed("DOWN_ACT_TERMS", tune.get("DOWN_ACT_TERMS", 2), (1, 2, 4), "1, 2 or 4 fp8 terms")
-    # DOWN_PER_TILE=p: a stage-2 item is one stage-1 tile's UP_TILE columns of w2 over 1/p of H (in
-    # steps of DOWN_TILE rows), so it waits for that tile's act alone, not for the slowest of its
-    # expert's tiles (one token on an H200: stage 2 starts ~2.8 us after the median stage-1 item
-    # ends). Each (slot, tile) is its own partial (DOWN_KSPLIT = the tiles), summed in phase E as
-    # rows of (partial, token) at up to 4 tokens. Needs the fp8 act (DOWN_FP8)
-    dpt = tune.get("DOWN_PER_TILE", 0)
-    if dpt:
-        if not a8 or key.tokens > 4 or hidden % (dpt * bh):
-            raise ValueError(f"FFNQ_TRITON_TUNE DOWN_PER_TILE={dpt}: needs stage 2 on fp8 act terms (DOWN_FP8), "
-                             f"at most 4 tokens and H ({hidden}) in {dpt} parts of whole DOWN_TILE ({bh}) rows")
-        kh = nt
     # WORK_QUEUE: a CTA's items after its first from one counter for both stages (a ticket claimed
     # at a stage-1 item's start, at a stage-2 item's once its tiles are in) instead of every
     # BLOCKS-th: a CTA slowed by its SM's share of the HBM takes fewer items, and the CTAs leaving
@@ -306,7 +295,7 @@ def geometry(key) -> dict:
                  FENCE=bool(tune.get("FENCE", 1)), SORT_TOPK=_sort_topk(tune),
                  TAGGED_WORDS=bool(tune.get("TAGGED_WORDS", 1)), EARLY_SEAM_READS=bool(tune.get("EARLY_SEAM_READS", 1)),
                  LOGIT_FMA_ROWS=plr, SOLO=solo, FULL_ROWS=fr, DOWN_KSPLIT=kh, DOWN_FP8=a8, DOWN_ACT_TERMS=a8t,
-                 WORK_QUEUE=dq, EARLY_HEADER=hp & ~1 if dpt else hp, DOWN_PER_TILE=dpt, DOWN_COLS=min(16, max(_p2(key.tokens), sq2)),
+                 WORK_QUEUE=dq, EARLY_HEADER=hp, DOWN_COLS=min(16, max(_p2(key.tokens), sq2)),
                  EARLY_FAULT_WORDS=bool(tune.get("EARLY_FAULT_WORDS", 0)), X_TERMS=x8t,
                  EARLY_WEIGHTS=bool(tune.get("EARLY_WEIGHTS", int(key.tp == 1))), PACKED_W13=pk if i_r else 0,
                  PACKED_W2=pk2 if i_r and a8 else 0)
@@ -316,7 +305,7 @@ def geometry(key) -> dict:
     # acquire loads, not atomics. Correct, and no faster
     ps = _allowed("SUM_AS_DONE", tune.get("SUM_AS_DONE", 0), (0, 1, 2),
                   "0 (off), 1 or 2 (polled by atomics or by loads)")
-    ps = ps if nslot > 0 and not dpt else 0
+    ps = ps if nslot > 0 else 0
     # SUM_OWN_SLOTS: phase E reads each row's own TOP_K slots (route, mapped to slots), not every
     # active slot's partial in batches of SUM_BATCH (at 16 tokens 68 slots, ~13 MB: the sum ~7
     # us); 2 also leaves stage 2's rows of other experts unwritten (1.6 of 13.4 MB at 16 tokens).
@@ -326,10 +315,10 @@ def geometry(key) -> dict:
     sps = _allowed("SUM_OWN_SLOTS", tune.get("SUM_OWN_SLOTS", 2 if key.tp == 1 else 0), (0, 1, 2),
                    "0 (every slot), 1 (each row's own slots) or 2 (1, and stage 2 writes only those)")
     # (phase E's offsets into the partials are int32: [MAX_SLOTS x DOWN_KSPLIT, TOKENS, HIDDEN])
-    sps = sps if rowtop and nslot > 0 and not ps and not dpt and nslot * kh * key.tokens * hidden < 2 ** 31 else 0
+    sps = sps if rowtop and nslot > 0 and not ps and nslot * kh * key.tokens * hidden < 2 ** 31 else 0
     # the counters region: [SLOTS] stage-1 tiles per slot, [DOWN_TILES] stage-2 items per H tile,
     # [SLOTS x UP_TILES] split-K arrivals, SUM_AS_DONE's [SLOTS x DOWN_TILES], the work queue's ticket
-    pso = nsl + nht + (nsl * nt if ks > 1 or dpt else 0)
+    pso = nsl + nht + (nsl * nt if ks > 1 else 0)
     qoff = pso + (nsl * nht if ps else 0)
     nsync = qoff + dq
     seg = -(-nsync // blocks)

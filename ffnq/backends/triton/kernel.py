@@ -76,7 +76,6 @@ GPU pair: one TP2 rank's build timed on one GPU); "a vs b" is the choice against
 | SCALE_ON_PRODUCT | the block scale times each K block's fp32 product (0: folded into fp16 weights) | 1 (always with FP8_X) | the folded path rounds each weight to fp16 and takes only scales < 0.57 (448 x scale x 2^8 < 65504) |
 | DOWN_TILE | stage-2 tile rows of H | 64 up to 2 tokens, else 128 | 64 rows at 1-2 tokens: twice the items over the grid, 0.6-1.4 us faster; at 4-16 2.4-5.1% slower |
 | DOWN_KSPLIT | parts of the intermediate per stage-2 item, each its own partial | 1; table 2 at TP1 3-4 tokens, TP2 3 | the last round's items end ~6 us apart, not ~12: 94.0 vs 95.1 us at 3 tokens, 113.7 vs 114.3 at 4; at 5-16 the parts cost more (170.0 vs 166.4 at 8) |
-| DOWN_PER_TILE | p > 0: a stage-2 item is one stage-1 tile's act times its UP_TILE columns of w2 over H / p rows, waiting for that tile alone; each (slot, tile) its own partial | 0 | one token on an H200: stage 2 starts ~2.8 us after the median stage-1 item ends, waiting for the slowest of its expert's 48; not yet timed |
 | DOWN_FP8 | stage 2 on fp8 act terms x the fp8 w2 codes (1: steps of one stage-1 tile, 2: of 128; 0: fp16 act) | 2 where FP8_X; CDNA 0 | the loop alone reads 3.92 / 4.10 TB/s at 64 / 128 rows vs 3.30 / 3.01 on fp16 act; 289.2 vs 309.0 us at 16 tokens |
 | DOWN_ACT_TERMS | fp8 terms of act | 2 | 4 terms spill at 9-16 tokens: 302.7 vs 289.2 us at 16; max rel_err 0.00179 vs 0.00173 |
 | PACKED_W2 | stage 2 reads w2 tile-packed by the runner (runner.packed_w2; only with DOWN_FP8) | 1 at TP1, else 0 | an item's DOWN_TILE rows one contiguous stream, each step one DOWN_TILE x UP_TILE block, not UP_TILE bytes of each of DOWN_TILE rows INTER apart: on an H100 58.1 / 92.7 / 162.2 / 275.0 / 479.5 vs 59.2 / 95.0 / 166.4 / 284.5 / 496.8 us at 1 / 2 / 4 / 8 / 16 tokens; TP2 not yet timed (its 3-token final build spills 4 B under the 168-register cap) |
@@ -148,7 +147,7 @@ def ffn_kernel(
     PACKED_W13: tl.constexpr,
     # stage 2 (down)
     DOWN_TILE: tl.constexpr, DOWN_KSPLIT: tl.constexpr, DOWN_STAGES: tl.constexpr, DOWN_COLS: tl.constexpr,
-    DOWN_FP8: tl.constexpr, DOWN_ACT_TERMS: tl.constexpr, PACKED_W2: tl.constexpr, DOWN_PER_TILE: tl.constexpr,
+    DOWN_FP8: tl.constexpr, DOWN_ACT_TERMS: tl.constexpr, PACKED_W2: tl.constexpr,
     # schedule
     WORK_QUEUE: tl.constexpr, EARLY_HEADER: tl.constexpr, EARLY_WEIGHTS: tl.constexpr, EARLY_SEAM_READS: tl.constexpr,
     EARLY_FAULT_WORDS: tl.constexpr, LOGIT_FMA_ROWS: tl.constexpr, FULL_ROWS: tl.constexpr,
@@ -632,10 +631,7 @@ def ffn_kernel(
                     else:
                         tl.store(act + (j * ROW_PAD + rq[None, :]).to(tl.int64) * INTER + r1[:, None], a.to(tl.float16))
                     tl.debug_barrier()
-                    if DOWN_PER_TILE:  # tile jt's act is in: its own stage-2 items wait for this alone
-                        tl.atomic_add(sync + SLOTS + DOWN_TILES + jt, 1, sem="release", scope="gpu")
-                    else:
-                        tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
+                    tl.atomic_add(sync + j, 1, sem="release", scope="gpu")  # one more tile of slot j done
                 if EARLY_HEADER & 2:
                     w = wn
                 else:
@@ -677,10 +673,7 @@ def ffn_kernel(
                 if w < n1:
                     w += ((n1 - w + BLOCKS - 1) // BLOCKS) * BLOCKS
             w0 = w
-            if DOWN_PER_TILE:
-                wend = n1 + n_act * (UP_TILES * DOWN_PER_TILE)
-            else:
-                wend = n1 + n_act * (DOWN_TILES * DOWN_KSPLIT)
+            wend = n1 + n_act * (DOWN_TILES * DOWN_KSPLIT)
             # the rows whose partial an item writes: SUM_OWN_SLOTS=2 only those routed to its
             # expert, as the sum reads no other (loaded with the item's header, not beside the
             # store, which would wait for it)
@@ -693,60 +686,9 @@ def ffn_kernel(
             if EARLY_HEADER & 1:  # the first item's header; each next one's is read at the end of the item before
                 hej, hv, hym = _s2_header(w, wend, n1, ecta, sync, _as(scratch, SC_ROUTE_TABLE, tl.float32) + yrow, yrm,
                                           ROW_PAD, DOWN_TILES, DOWN_KSPLIT, SUM_OWN_SLOTS)
-            if DOWN_PER_TILE:
-                while w < wend:
-                    # (DOWN_PER_TILE) item (slot j, stage-1 tile t1, part hp of H): tile t1's act times
-                    # its UP_TILE columns of w2 over H / DOWN_PER_TILE rows, a DOWN_TILE x UP_TILE block
-                    # a step, each step's product stored as it is (the partial (j, t1), no accumulator)
-                    jt = (w - n1) // DOWN_PER_TILE
-                    hp = (w - n1) % DOWN_PER_TILE
-                    j = jt // UP_TILES
-                    t1 = jt % UP_TILES
-                    le = tl.load(ecta + j).to(tl.int64)
-                    if EXPERT_MODE == 1:
-                        le = le - first_expert
-                    # the tile's makers' arrivals (UP_KSPLIT > 1), then its maker's release of the act
-                    TILE_READY: tl.constexpr = UP_KSPLIT + 1 if UP_KSPLIT > 1 else 1
-                    _wait_count(sync + SLOTS + DOWN_TILES + jt, TILE_READY, fault, e, rank, timeout_ns, pid, IS_HIP,
-                                INTERP, POLLS_PER_CLOCK)
-                    nxt = _claim(sync + QUEUE_AT, WORK_QUEUE)
-                    if TIMELINE:
-                        if w == w0:
-                            _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
-                    kk = t1 * UP_TILE
-                    av = tl.load(_as(scratch, SC_ACT_FP8, tl.float8e4nv)
-                                 + ((j * DOWN_ACT_TERMS + c8 // DOWN_COLS) * ROW_PAD + c8 % DOWN_COLS)[None, :].to(tl.int64)
-                                 * INTER + kk + kn[:, None], cache_modifier=".cg")
-                    asc = tl.load(_as(scratch, SC_ACT_SCALE, tl.float32) + j * UP_TILES + t1, cache_modifier=".cg")
-                    H_STEPS: tl.constexpr = HIDDEN // (DOWN_PER_TILE * DOWN_TILE)
-                    yp = ypart + ((j * DOWN_KSPLIT + t1) * TOKENS + yrow[None, :]).to(tl.int64) * HIDDEN + hh[:, None]
-                    for hb in tl.range(0, H_STEPS, num_stages=DOWN_STAGES):
-                        th = hp * H_STEPS + hb  # the H tile
-                        if PACKED_W2:  # block (th, t1) of runner.packed_w2: DOWN_TILE x UP_TILE contiguous bytes
-                            wq = tl.load(w2 + le * (HIDDEN * INTER) + th * (DOWN_TILE * INTER) + kk * DOWN_TILE
-                                         + hh[:, None] * UP_TILE + kn[None, :])
-                        else:
-                            wq = tl.load(w2 + le * (HIDDEN * INTER) + (th * DOWN_TILE + hh)[:, None] * INTER + kk
-                                         + kn[None, :])
-                        sc = tl.load(s2 + le * ((HIDDEN // 128) * (INTER // 128)) + ((th * DOWN_TILE) // 128)
-                                     * (INTER // 128) + kk // 128) * asc
-                        yt8 = _mma_sc(wq, sc, av, tl.zeros((DOWN_TILE, DOWN_ACT_TERMS * DOWN_COLS), tl.float32),
-                                      INTERP, IS_HIP, SCALE_ON_PRODUCT)
-                        yv = tl.sum(tl.reshape(yt8 * tw8[None, :], (DOWN_TILE, DOWN_ACT_TERMS, DOWN_COLS)), axis=1)
-                        tl.store(yp + th * DOWN_TILE, yv, mask=yrm[None, :])
-                    tl.debug_barrier()
-                    # one more partial of each of the item's H tiles: one lane a tile (a [128] tensor,
-                    # each lane its own thread, so no tile is counted twice)
-                    lane = tl.arange(0, 128)
-                    tl.atomic_add(sync + SLOTS + hp * H_STEPS + lane, tl.where(lane < H_STEPS, 1, 0),
-                                  mask=lane < H_STEPS, sem="release", scope="gpu")
-                    if TIMELINE:
-                        if w == w0:
-                            _stamp(sub_row, 9, IS_HIP, INTERP, TIMELINE)
-                    w = _next_item(w, nxt, BLOCKS, WORK_QUEUE)
             # DOWN_KSPLIT > 1: each (j, tile) item in DOWN_KSPLIT parts of the intermediate (the
             # last round's items are the tail of the phase; a part is 1/DOWN_KSPLIT of the bytes),
-            # partials summed in phase E (after DOWN_PER_TILE's loop: none left)
+            # partials summed in phase E
             while w < wend:
                 j = (w - n1) // (DOWN_TILES * DOWN_KSPLIT)
                 t = (w - n1) % (DOWN_TILES * DOWN_KSPLIT) // DOWN_KSPLIT
@@ -877,23 +819,7 @@ def ffn_kernel(
                                     POLLS_PER_CLOCK)
                 _stamp(sub_row, 7, IS_HIP, INTERP, TIMELINE)
                 ypart = _as(scratch, SC_DOWN_PARTS, tl.float32)
-                if DOWN_PER_TILE:
-                    # (DOWN_PER_TILE) slots x tiles partials: their rows as rows of (partial, token),
-                    # one [SUM_ROWS, chunk] load a batch (SUM_BATCH's [slots, 16 rows, chunk] would
-                    # take a round trip per 8 of the 192 partials of one token)
-                    SUM_ROWS: tl.constexpr = 4096 // CHUNK_P2
-                    pq = tl.arange(0, SUM_ROWS)
-                    q0 = n_act * 0
-                    while q0 < n_act * TOKENS:
-                        q = q0 + pq
-                        v = tl.load(ypart + q[:, None].to(tl.int64) * HIDDEN + ccols[None, :],
-                                    mask=(q < n_act * TOKENS)[:, None] & cmask[None, :], other=0.0,
-                                    cache_modifier=".cg")
-                        for r in tl.static_range(TOKENS):
-                            vr = tl.sum(tl.where((q % TOKENS == r)[:, None], v, 0.0), axis=0)
-                            y += tl.where((rows == r)[:, None], vr[None, :], 0.0)
-                        q0 += SUM_ROWS
-                elif SUM_OWN_SLOTS:
+                if SUM_OWN_SLOTS:
                     # the TOP_K slots of each row in slot order, each as a [rows, chunk] load (one
                     # [rows, TOP_K, chunk] load held 176 registers at 3 tokens: two CTAs per SM, not
                     # three; the slots packed in an int64 before the wait, TOP_K shifts here instead

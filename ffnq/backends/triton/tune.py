@@ -17,7 +17,7 @@ ENV = "FFNQ_TRITON_TUNE"
 # every key geometry.geometry, geometry.constexprs, geometry.launch_options, geometry.max_scale and
 # runner.blocks_for read (tests/test_triton_tune.py checks the source's reads against it)
 KEYS = frozenset({
-    "COOPERATIVE", "CTAS_PER_SM", "DOWN_ACT_TERMS", "DOWN_FP8", "DOWN_KSPLIT", "DOWN_MIN_COLS", "DOWN_PER_TILE", "DOWN_STAGES",
+    "COOPERATIVE", "CTAS_PER_SM", "DOWN_ACT_TERMS", "DOWN_FP8", "DOWN_KSPLIT", "DOWN_MIN_COLS", "DOWN_STAGES",
     "DOWN_TILE", "EARLY_FAULT_WORDS", "EARLY_HEADER", "EARLY_SEAM_READS", "EARLY_WEIGHTS", "FENCE", "FP8_X",
     "FULL_ROWS", "GRID", "LOGIT_FMA_ROWS", "MAXNREG", "PACKED_W13", "PACKED_W2", "PDL", "POLLS_PER_CLOCK", "ROW_PICK_FROM",
     "ROW_PICK_MAX_CTAS", "SCALE_ON_PRODUCT", "SOLO", "SORT_TOPK", "SUM_AS_DONE", "SUM_BATCH", "SUM_OWN_SLOTS",
