@@ -318,7 +318,7 @@ def _claims_and_items(r, S: int) -> tuple[int, list]:
 @pytest.mark.parametrize("tune", ["", "ROW_PICK_FROM=8", "ROW_PICK_MAX_CTAS=4", "LOGIT_FMA_ROWS=4", "SOLO=0",
                                   "DOWN_KSPLIT=2", "DOWN_FP8=0", "DOWN_FP8=1", "DOWN_ACT_TERMS=4", "WORK_QUEUE=1",
                                   "EARLY_HEADER=3", "EARLY_HEADER=3,DOWN_FP8=0,WORK_QUEUE=1", "PACKED_W13=0",
-                                  "PACKED_W2=1", "PACKED_W2=1,DOWN_FP8=1,DOWN_KSPLIT=2", "SORT_TOPK=2",
+                                  "PACKED_W2=1", "PACKED_W2=1,DOWN_FP8=1,DOWN_KSPLIT=2", "DOWN_TILE=64", "SORT_TOPK=2",
                                   "SORT_TOPK=2,ROW_PICK_FROM=8"])
 def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     """TP1 numerics on a CPU: the staged kernel under the Triton interpreter, three rows with
@@ -333,7 +333,8 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
     3-16 tokens), and with each stage-2 item's header read at the end of the item before
     (EARLY_HEADER=3: both stages), on the fp8 act and on the fp16 one, and with w13 as given
     (PACKED_W13=0: the default reads it tile-packed by the runner), and with w2 tile-packed
-    (PACKED_W2=1), also in steps of one stage-1 tile and two parts of the intermediate, and with
+    (PACKED_W2=1), also in steps of one stage-1 tile and two parts of the intermediate, and as 64-row
+    items reading their half of each 128-row packed block (DOWN_TILE=64, as 1-2 tokens), and with
     the top-k as a sort of the fp32 scores (SORT_TOPK=2), in the row pick and in every CTA."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch

@@ -73,14 +73,43 @@ def test_only_builds_that_read_it_get_the_packed_copy(tune, packed, monkeypatch)
 
 @pytest.mark.parametrize("tune, packed", [("", True), ("PACKED_W2=0", False), ("PACKED_W2=1,DOWN_FP8=0", False)])
 def test_only_builds_that_read_it_get_the_packed_w2(tune, packed, monkeypatch):
-    """PACKED_W2 (on by default) packs w2 by the width's DOWN_TILE and UP_TILE; the fp16 stage 2
-    (DOWN_FP8=0) reads w2 as given whatever the key says."""
+    """PACKED_W2 (on by default) packs w2 in W2_PACK_ROWS-row tiles of UP_TILE columns; the fp16
+    stage 2 (DOWN_FP8=0) reads w2 as given whatever the key says."""
     r, w = _tiny_runner(tune, 3, monkeypatch)
     got = r._weights(w, 3)[5]
     cx = r._cx[(3, False)]
     assert (got is not w.w2) == packed == bool(cx["PACKED_W2"])
-    want = packed_w2(w.w2, cx["DOWN_TILE"], cx["UP_TILE"]) if packed else w.w2
+    want = packed_w2(w.w2, 128, cx["UP_TILE"]) if packed else w.w2
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_one_packed_w2_serves_both_tile_heights(monkeypatch):
+    """Two tokens' 64-row stage-2 tiles and three tokens' 128-row ones read the same packed w2
+    (W2_PACK_ROWS = 128): a runner over widths 1-16 keeps one w2 copy, not one per tile height;
+    W2_PACK_ROWS = 64 at two tokens is a layout of its own."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from ffnq.backends.triton import TritonRunner
+    from ffnq.spec import Experts, load_model
+    from ffnq.weights import shard, synthetic
+    spec = load_model("tiny")
+    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
+    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[2, 3], model=spec)
+    w = shard(synthetic(spec, seed=1), spec, 1, 0, Experts.ALL)
+    assert (r._cx[(2, False)]["DOWN_TILE"], r._cx[(3, False)]["DOWN_TILE"]) == (64, 128)
+    assert r._weights(w, 2)[5] is r._weights(w, 3)[5]
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "W2_PACK_ROWS@2=64")
+    r64 = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[2, 3], model=spec)
+    a, b = r64._weights(w, 2)[5], r64._weights(w, 3)[5]
+    assert a is not b and torch.equal(a.view(torch.uint8), packed_w2(w.w2, 64, 64).view(torch.uint8))
+
+
+def test_a_pack_height_that_is_not_a_multiple_of_the_tile_is_refused_named(monkeypatch):
+    from ffnq.backends.triton import geometry as G, offline
+    from ffnq.spec import Experts, load_model
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", "W2_PACK_ROWS=64")
+    with pytest.raises(ValueError, match=r"W2_PACK_ROWS=64: allowed a multiple of DOWN_TILE \(128\)"):
+        G.geometry(offline.build_key(load_model("minimax-m2"), 1, Experts.ALL, 3))
 
 
 def test_a_new_view_of_the_same_weights_is_not_packed_again():

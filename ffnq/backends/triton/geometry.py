@@ -70,7 +70,8 @@ def _allowed(key: str, value: int, allowed, meaning: str) -> int:
 MEASURED_KEYS = frozenset({
     "CTAS_PER_SM", "DOWN_KSPLIT", "DOWN_STAGES", "DOWN_TILE", "EARLY_HEADER", "EARLY_WEIGHTS", "LOGIT_FMA_ROWS",
     "MAXNREG", "PACKED_W13", "PACKED_W2", "ROW_PICK_FROM", "ROW_PICK_MAX_CTAS", "SUM_BATCH", "SUM_OWN_SLOTS", "UP_KSPLIT",
-    "UP_KSPLIT_FIXUP", "UP_NARROW_FROM", "UP_STAGES", "UP_STAGES_NARROW", "UP_TILE", "WORK_QUEUE", "X_TERMS",
+    "UP_KSPLIT_FIXUP", "UP_NARROW_FROM", "UP_STAGES", "UP_STAGES_NARROW", "UP_TILE", "W2_PACK_ROWS", "WORK_QUEUE",
+    "X_TERMS",
 })
 
 
@@ -280,6 +281,14 @@ def geometry(key) -> dict:
     # Off at TP > 1 until timed there (TP2's 3-token final build spills 4 B under its 168 registers)
     pk2 = _allowed("PACKED_W2", tune.get("PACKED_W2", int(key.tp == 1)), (0, 1),
                    "0 (w2 as given) or 1 (w2 tile-packed by the runner)")
+    # W2_PACK_ROWS: the rows of the packed w2's tiles; 128 serves every DOWN_TILE (a 64-row item
+    # reads its 64 rows of each [128, UP_TILE] block, 4 KB runs), so the runner keeps one w2 copy
+    # for all widths, not one per tile height (1.2 GB a minimax-m2 TP1 weight set)
+    w2r = _allowed("W2_PACK_ROWS", tune.get("W2_PACK_ROWS", 128), (16, 32, 64, 128),
+                   "16, 32, 64 or 128 rows (a multiple of DOWN_TILE)")
+    if pk2 and a8 and i_r and (w2r % bh or hidden % w2r):
+        raise ValueError(f"FFNQ_TRITON_TUNE W2_PACK_ROWS={w2r}: allowed a multiple of DOWN_TILE ({bh}) that "
+                         f"divides the hidden size ({hidden})")
     # LOGIT_FMA_ROWS' FMAs hold [rows, CHUNK_P2, EXPERTS] products: over chunks of more than 16
     # columns (a grid under H / 16 CTAs: an H20's 156) they spilled from four rows (16-656 B at
     # 4-16 tokens, sm_90 on 78 SMs; none with the 16-row dot), so there the table's value stops at
@@ -298,7 +307,7 @@ def geometry(key) -> dict:
                  WORK_QUEUE=dq, EARLY_HEADER=hp, DOWN_COLS=min(16, max(_p2(key.tokens), sq2)),
                  EARLY_FAULT_WORDS=bool(tune.get("EARLY_FAULT_WORDS", 0)), X_TERMS=x8t,
                  EARLY_WEIGHTS=bool(tune.get("EARLY_WEIGHTS", int(key.tp == 1))), PACKED_W13=pk if i_r else 0,
-                 PACKED_W2=pk2 if i_r and a8 else 0)
+                 PACKED_W2=pk2 if i_r and a8 else 0, W2_PACK_ROWS=w2r if pk2 and i_r and a8 else 0)
     nsl, nht = max(1, nslot), hidden // bh
     # SUM_AS_DONE: phase E sums each H tile's slots as their stage-2 items finish (one counter per
     # slot and tile), not after the tile's last slot (one counter per tile); 2: its polls as

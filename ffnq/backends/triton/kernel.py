@@ -79,6 +79,7 @@ GPU pair: one TP2 rank's build timed on one GPU); "a vs b" is the choice against
 | DOWN_FP8 | stage 2 on fp8 act terms x the fp8 w2 codes (1: steps of one stage-1 tile, 2: of 128; 0: fp16 act) | 2 where FP8_X; CDNA 0 | the loop alone reads 3.92 / 4.10 TB/s at 64 / 128 rows vs 3.30 / 3.01 on fp16 act; 289.2 vs 309.0 us at 16 tokens |
 | DOWN_ACT_TERMS | fp8 terms of act | 2 | 4 terms spill at 9-16 tokens: 302.7 vs 289.2 us at 16; max rel_err 0.00179 vs 0.00173 |
 | PACKED_W2 | stage 2 reads w2 tile-packed by the runner (runner.packed_w2; only with DOWN_FP8) | 1 at TP1, else 0 | an item's DOWN_TILE rows one contiguous stream, each step one DOWN_TILE x UP_TILE block, not UP_TILE bytes of each of DOWN_TILE rows INTER apart: on an H100 58.1 / 92.7 / 162.2 / 275.0 / 479.5 vs 59.2 / 95.0 / 166.4 / 284.5 / 496.8 us at 1 / 2 / 4 / 8 / 16 tokens; TP2 not yet timed (its 3-token final build spills 4 B under the 168-register cap) |
+| W2_PACK_ROWS | rows of the packed w2's tiles (PACKED_W2); a DOWN_TILE below it reads its rows of each block | 128 | one packed w2 for every width: 64-row items (1-2 tokens) read 4 KB of each [128, UP_TILE] block, so a runner serving 1-16 tokens keeps one w2 copy, not two (minimax-m2 TP1: 1.2 GB a weight set) |
 | DOWN_MIN_COLS | least act token columns per term in stage 2 | 4 | 8 (N = 16: the fp8 wgmma at 1-4 tokens) was 47.0 vs 46.8 us at 1 token: stage 2 is bound by its bytes in flight |
 | WORK_QUEUE | a CTA's items after its first from one counter for both stages | 0; table 1 at 3-16 tokens (TP1, TP2) | a CTA slowed by its SM's share of the HBM takes fewer: 263.1 vs 267.0 us at 16 tokens, 1-3% at 4-14; no gain where a stage's items fit one round (1-2) |
 | EARLY_HEADER | an item's header read at the end of the item before (bit 0: stage 2, bit 1: stage 1) | 0; table 3 at TP1 5-16 | 0-0.4% faster at every width 5-16 (251.4 vs 252.0 us at 16), never slower |
@@ -147,7 +148,7 @@ def ffn_kernel(
     PACKED_W13: tl.constexpr,
     # stage 2 (down)
     DOWN_TILE: tl.constexpr, DOWN_KSPLIT: tl.constexpr, DOWN_STAGES: tl.constexpr, DOWN_COLS: tl.constexpr,
-    DOWN_FP8: tl.constexpr, DOWN_ACT_TERMS: tl.constexpr, PACKED_W2: tl.constexpr,
+    DOWN_FP8: tl.constexpr, DOWN_ACT_TERMS: tl.constexpr, PACKED_W2: tl.constexpr, W2_PACK_ROWS: tl.constexpr,
     # schedule
     WORK_QUEUE: tl.constexpr, EARLY_HEADER: tl.constexpr, EARLY_WEIGHTS: tl.constexpr, EARLY_SEAM_READS: tl.constexpr,
     EARLY_FAULT_WORDS: tl.constexpr, LOGIT_FMA_ROWS: tl.constexpr, FULL_ROWS: tl.constexpr,
@@ -725,10 +726,16 @@ def ffn_kernel(
                           * INTER + kn[:, None])
                     asc = _as(scratch, SC_ACT_SCALE, tl.float32) + j * UP_TILES
                     if PACKED_W2:
-                        # (PACKED_W2) runner.packed_w2: the item's DOWN_TILE rows one contiguous
-                        # DOWN_TILE x INTER bytes, each [DOWN_TILE, UP_TILE] K block in turn
-                        wpk = (w2 + le * (HIDDEN * INTER) + t * (DOWN_TILE * INTER)
-                               + hh[:, None] * UP_TILE + kn[None, :])
+                        # (PACKED_W2) runner.packed_w2: W2_PACK_ROWS rows one contiguous
+                        # W2_PACK_ROWS x INTER bytes, each [W2_PACK_ROWS, UP_TILE] K block in turn;
+                        # a smaller DOWN_TILE reads its rows' contiguous part of each block
+                        if W2_PACK_ROWS == DOWN_TILE:
+                            wpk = (w2 + le * (HIDDEN * INTER) + t * (DOWN_TILE * INTER)
+                                   + hh[:, None] * UP_TILE + kn[None, :])
+                        else:
+                            PACK_TILES: tl.constexpr = W2_PACK_ROWS // DOWN_TILE
+                            wpk = (w2 + le * (HIDDEN * INTER) + (t // PACK_TILES) * (W2_PACK_ROWS * INTER)
+                                   + ((t % PACK_TILES) * DOWN_TILE + hh)[:, None] * UP_TILE + kn[None, :])
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
@@ -743,8 +750,8 @@ def ffn_kernel(
                         for q in tl.static_range(DOWN_K_STEP // UP_TILE):
                             kk = kq + k0 + q * UP_TILE
                             av = tl.load(a8 + kk, cache_modifier=".cg")
-                            if PACKED_W2:  # kk is a multiple of UP_TILE: its block starts kk x DOWN_TILE in
-                                wq = tl.load(wpk + kk * DOWN_TILE)
+                            if PACKED_W2:  # kk is a multiple of UP_TILE: its block starts kk x W2_PACK_ROWS in
+                                wq = tl.load(wpk + kk * W2_PACK_ROWS)
                             else:
                                 wq = tl.load(wbase + kk + kn[None, :])
                             sc = tl.load(sbase + kk // 128) * tl.load(asc + kk // UP_TILE, cache_modifier=".cg")

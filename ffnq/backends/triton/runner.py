@@ -6,9 +6,9 @@ launch per part (geometry.STAGES), since the interpreter runs CTAs one after ano
 barriers would hang.
 
 The first launch on a weights object's tensors prepares them: the stream is waited for once
-(EARLY_WEIGHTS builds, SettledWeights) and w13 is packed into the layout stage 1 reads
-(PACKED_W13, PackedWeights: one more copy of w13 while the tensor lives, remade after an in-place
-write). So that first launch
+(EARLY_WEIGHTS builds, SettledWeights) and w13 and w2 are packed into the layouts the two stages
+read (PACKED_W13, PACKED_W2, PackedWeights: one more copy of each while the tensor lives, remade
+after an in-place write; one w2 copy serves every width, W2_PACK_ROWS). So that first launch
 must run eagerly, not inside a CUDA-graph capture (warm and the bench's timers do so).
 """
 from __future__ import annotations
@@ -249,7 +249,7 @@ class TritonRunner(Runner):
             elif name == "w13" and cx["PACKED_W13"]:
                 t = self.PACKED.get(t, cx["UP_TILE"])
             elif name == "w2" and cx.get("PACKED_W2"):
-                t = self.PACKED.get(t, (cx["DOWN_TILE"], cx["UP_TILE"]), packed_w2)
+                t = self.PACKED.get(t, (cx["W2_PACK_ROWS"], cx["UP_TILE"]), packed_w2)
             out.append(t)
         return out
 
