@@ -97,6 +97,18 @@ def test_bench_summary_keeps_the_slowest_clock_and_any_cap():
     assert m.sm_mhz == 1845.0 and m.capped_pct == 30.0
 
 
+def test_bench_summary_of_a_step_without_weights_has_no_x_floor():
+    """--experts none reads no weights (floor 0): no x_floor or weights_gbps, not inf."""
+    rows = pd.DataFrame([{"width": 1, "variant": "fused", "rank": 0, "check": "OK", "rel_err": 1e-3, "p50_us": 9.2,
+                          "p90_us": 9.3, "p99_us": 9.3, "steps": 10, "floor_us": 0.0, "touched_experts": 0.0,
+                          "weight_bytes": 0.0}])
+    m = bench.summarize(rows).iloc[0]
+    assert m.floor_us == 0.0 and "x_floor" not in m and "weights_gbps" not in m
+    rows.loc[0, ["floor_us", "weight_bytes"]] = 4.6, 1e7
+    m = bench.summarize(rows).iloc[0]
+    assert m.x_floor == pytest.approx(2.0) and m.weights_gbps == pytest.approx(1e7 / 9.2 / 1e3)
+
+
 def test_bench_deadline_counts_the_idle_before_each_burst():
     from ffnq.jobs.bench import BenchOptions
 

@@ -458,7 +458,7 @@ def summarize(lat: pd.DataFrame) -> pd.DataFrame:
         if "floor_us" in f and f.floor_us.notna().any():
             row["floor_us"] = f.floor_us.max()
             row["touched_experts"] = f.touched_experts.max()
-            if "p50_us" in row:
+            if "p50_us" in row and row["floor_us"] > 0:  # --experts none reads no weights: no floor to be over
                 row["x_floor"] = row["p50_us"] / row["floor_us"]
                 row["weights_gbps"] = f.weight_bytes.max() / row["p50_us"] / 1e3
         row |= {"rel_err": f.rel_err.max(), "check": "OK" if (f.check == "OK").all() and len(f) else "FAIL"}
