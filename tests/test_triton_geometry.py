@@ -48,7 +48,7 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     monkeypatch.delenv("FFNQ_TRITON_TUNE")
     # (two tokens: whole K, the model's pick on the grid of 396, where 360 items are one round)
     assert [G.geometry(offline.build_key(spec, 1, Experts.ALL, s))["UP_KSPLIT"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
-    assert G.measured("minimax-m2", 1, 1) == {"UP_KSPLIT": 2, "CTAS_PER_SM": 3, "UP_STAGES": 3, "UP_NARROW_FROM": 1,
+    assert G.measured("minimax-m2", 1, 1) == {"UP_KSPLIT": 2, "CTAS_PER_SM": 2, "UP_STAGES": 4, "UP_NARROW_FROM": 1,
                                               "PACKED_W13": 0}
     assert G.measured("minimax-m2", 2, 1) == {"EARLY_WEIGHTS": 1, "PACKED_W13": 0, "SUM_OWN_SLOTS": 2,
                                               "UP_NARROW_FROM": 1, "X_TERMS": 2}
@@ -64,8 +64,8 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # TP2 unmeasured
     assert {k: g["EARLY_HEADER"] for k, g in geo.items() if g["EARLY_HEADER"]} == {(1, s): 3 for s in range(5, 17)}
     assert [s for s in range(1, 17) if dq[2, s]] == list(range(3, 17))
-    # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens; three at 1-3 (three CTAs
-    # per SM); TP2 four, but five / four at 4-5 and 7-16 (six tokens' build would take 122 KB, one
+    # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens; three at 2-3 (three CTAs
+    # per SM), four at 1 (two); TP2 four, but five / four at 4-5 and 7-16 (six tokens' build would take 122 KB, one
     # CTA per SM) and three at 3 (three CTAs per SM)
     ns = {(tp, s): G.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
     assert [s for s in range(1, 17) if ns[1, s]["UP_STAGES"] == 5] == list(range(4, 17))
