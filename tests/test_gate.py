@@ -45,6 +45,19 @@ def test_shipped_gates_load(name):
     assert cfg["thresholds"].get("soak_clean") is (True if name == "cpu-tp2" else None)
 
 
+def test_the_docs_gate_for_your_runner_loads(tmp_path):
+    """docs/runners.md's example config is one load_gate takes (its [compare] folders stood in for
+    by shipped reference runs): a key the docs teach that the gate refuses fails here."""
+    text = (GATES.parent.parent / "docs" / "runners.md").read_text()
+    toml = re.search(r"## A gate for your runner.*?```toml\n(.*?)```", text, re.S)[1]
+    toml = toml.replace("gates/ref/mine-bench", str(GATES / "ref" / "h100-tp1-bench"))
+    toml = toml.replace("gates/ref/mine-qualify", str(GATES / "ref" / "h100-tp1-qualify"))
+    (tmp_path / "mine.toml").write_text(toml)
+    cfg = load_gate(tmp_path / "mine.toml")
+    assert [v for v, _ in cfg["jobs"]] == ["qualify", "bench"]
+    assert {"qualify_all_pass", "p50_us_max", "max_slower_pct", "no_new_fail"} <= set(cfg["thresholds"])
+
+
 def test_cpu_gate_options_validate():
     cfg = load_gate(GATES / "cpu-tp2.toml")
     opts = [job_options(o, v) for v, o in cfg["jobs"]]
