@@ -65,8 +65,8 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert {k: g["EARLY_HEADER"] for k, g in geo.items() if g["EARLY_HEADER"]} == {(1, s): 3 for s in range(5, 17)}
     assert [s for s in range(1, 17) if dq[2, s]] == list(range(3, 17))
     # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens; three at 2-3 (three CTAs
-    # per SM), four at 1 (two); TP2 four, but five / four at 4-5 and 7-16 (six tokens' build would take 122 KB, one
-    # CTA per SM) and three at 3 (three CTAs per SM)
+    # per SM), four at 1 (two); TP2 four, but five / four at 4-5 and 7-16 (six tokens' build would
+    # take 122 KB, one CTA per SM) and three at 3 (three CTAs per SM)
     ns = {(tp, s): G.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
     assert [s for s in range(1, 17) if ns[1, s]["UP_STAGES"] == 5] == list(range(4, 17))
     assert all(ns[1, s]["DOWN_STAGES"] == 4 for s in range(4, 17))

@@ -50,8 +50,9 @@ def test_one_copy_per_tensor_remade_after_an_in_place_write():
     assert sorted(id(ref()) for ref, *_ in pk._packed) == sorted([id(w), id(fresh)])
 
 
-def _tiny_runner(tune: str, width: int, monkeypatch):
-    """A TP1 Triton runner of the tiny model on this CPU (its constexprs, no launch) and its weights."""
+def _tiny_runner(tune: str, width: int | list[int], monkeypatch):
+    """A TP1 Triton runner of the tiny model on this CPU at ``width`` (or widths: its constexprs, no
+    launch) and its weights."""
     monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from ffnq.backends.triton import TritonRunner
@@ -59,7 +60,7 @@ def _tiny_runner(tune: str, width: int, monkeypatch):
     from ffnq.weights import shard, synthetic
     spec = load_model("tiny")
     pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
-    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[width], model=spec)
+    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[width] if isinstance(width, int) else width, model=spec)
     return r, shard(synthetic(spec, seed=1), spec, 1, 0, Experts.ALL)
 
 
@@ -87,19 +88,10 @@ def test_one_packed_w2_serves_both_tile_heights(monkeypatch):
     """Two tokens' 64-row stage-2 tiles and three tokens' 128-row ones read the same packed w2
     (W2_PACK_ROWS = 128): a runner over widths 1-16 keeps one w2 copy, not one per tile height;
     W2_PACK_ROWS = 64 at two tokens is a layout of its own."""
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from ffnq.backends.triton import TritonRunner
-    from ffnq.spec import Experts, load_model
-    from ffnq.weights import shard, synthetic
-    spec = load_model("tiny")
-    pb = TritonRunner.open_peers(spec, 1, 0, "cpu", "t")
-    r = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[2, 3], model=spec)
-    w = shard(synthetic(spec, seed=1), spec, 1, 0, Experts.ALL)
+    r, w = _tiny_runner("", [2, 3], monkeypatch)
     assert (r._cx[(2, False)]["DOWN_TILE"], r._cx[(3, False)]["DOWN_TILE"]) == (64, 128)
     assert r._weights(w, 2)[5] is r._weights(w, 3)[5]
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "W2_PACK_ROWS@2=64")
-    r64 = TritonRunner(1, 0, pb.sym, pb.peers, "cpu", widths=[2, 3], model=spec)
+    r64, _ = _tiny_runner("W2_PACK_ROWS@2=64", [2, 3], monkeypatch)
     a, b = r64._weights(w, 2)[5], r64._weights(w, 3)[5]
     assert a is not b and torch.equal(a.view(torch.uint8), packed_w2(w.w2, 64, 64).view(torch.uint8))
 

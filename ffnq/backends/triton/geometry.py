@@ -281,12 +281,13 @@ def geometry(key) -> dict:
     # Off at TP > 1 until timed there (TP2's 3-token final build spills 4 B under its 168 registers)
     pk2 = _allowed("PACKED_W2", tune.get("PACKED_W2", int(key.tp == 1)), (0, 1),
                    "0 (w2 as given) or 1 (w2 tile-packed by the runner)")
+    pk2 = pk2 if i_r and a8 else 0  # only stage 2 on the fp8 act reads it
     # W2_PACK_ROWS: the rows of the packed w2's tiles; 128 serves every DOWN_TILE (a 64-row item
     # reads its 64 rows of each [128, UP_TILE] block, 4 KB runs), so the runner keeps one w2 copy
     # for all widths, not one per tile height (1.2 GB a minimax-m2 TP1 weight set)
     w2r = _allowed("W2_PACK_ROWS", tune.get("W2_PACK_ROWS", 128), (16, 32, 64, 128),
                    "16, 32, 64 or 128 rows (a multiple of DOWN_TILE)")
-    if pk2 and a8 and i_r and (w2r % bh or hidden % w2r):
+    if pk2 and (w2r % bh or hidden % w2r):
         raise ValueError(f"FFNQ_TRITON_TUNE W2_PACK_ROWS={w2r}: allowed a multiple of DOWN_TILE ({bh}) that "
                          f"divides the hidden size ({hidden})")
     # LOGIT_FMA_ROWS' FMAs hold [rows, CHUNK_P2, EXPERTS] products: over chunks of more than 16
@@ -307,7 +308,7 @@ def geometry(key) -> dict:
                  WORK_QUEUE=dq, EARLY_HEADER=hp, DOWN_COLS=min(16, max(_p2(key.tokens), sq2)),
                  EARLY_FAULT_WORDS=bool(tune.get("EARLY_FAULT_WORDS", 0)), X_TERMS=x8t,
                  EARLY_WEIGHTS=bool(tune.get("EARLY_WEIGHTS", int(key.tp == 1))), PACKED_W13=pk if i_r else 0,
-                 PACKED_W2=pk2 if i_r and a8 else 0, W2_PACK_ROWS=w2r if pk2 and i_r and a8 else 0)
+                 PACKED_W2=pk2, W2_PACK_ROWS=w2r if pk2 else 0)
     nsl, nht = max(1, nslot), hidden // bh
     # SUM_AS_DONE: phase E sums each H tile's slots as their stage-2 items finish (one counter per
     # slot and tile), not after the tile's last slot (one counter per tile); 2: its polls as

@@ -729,13 +729,9 @@ def ffn_kernel(
                         # (PACKED_W2) runner.packed_w2: W2_PACK_ROWS rows one contiguous
                         # W2_PACK_ROWS x INTER bytes, each [W2_PACK_ROWS, UP_TILE] K block in turn;
                         # a smaller DOWN_TILE reads its rows' contiguous part of each block
-                        if W2_PACK_ROWS == DOWN_TILE:  # (its own form: 3-16 tokens' code as it was timed)
-                            wpk = (w2 + le * (HIDDEN * INTER) + t * (DOWN_TILE * INTER)
-                                   + hh[:, None] * UP_TILE + kn[None, :])
-                        else:
-                            PACK_TILES: tl.constexpr = W2_PACK_ROWS // DOWN_TILE
-                            wpk = (w2 + le * (HIDDEN * INTER) + (t // PACK_TILES) * (W2_PACK_ROWS * INTER)
-                                   + ((t % PACK_TILES) * DOWN_TILE + hh)[:, None] * UP_TILE + kn[None, :])
+                        PACK_TILES: tl.constexpr = W2_PACK_ROWS // DOWN_TILE
+                        wpk = (w2 + le * (HIDDEN * INTER) + (t // PACK_TILES) * (W2_PACK_ROWS * INTER)
+                               + ((t % PACK_TILES) * DOWN_TILE + hh)[:, None] * UP_TILE + kn[None, :])
                 if TIMELINE:
                     if w == w0:
                         _stamp(sub_row, 8, IS_HIP, INTERP, TIMELINE)
