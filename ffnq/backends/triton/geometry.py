@@ -274,9 +274,9 @@ def geometry(key) -> dict:
     # tokens. The runner keeps one packed copy of each w13 (PackedWeights)
     pk = _allowed("PACKED_W13", tune.get("PACKED_W13", 1), (0, 1),
                   "0 (w13 as given) or 1 (w13 tile-packed by the runner)")
-    # PACKED_W2: stage 2 (fp8 act terms) reads w2 tile-packed by the runner (runner.packed_w2: an
-    # item's DOWN_TILE rows one contiguous DOWN_TILE x INTER bytes, each loop step DOWN_TILE x
-    # UP_TILE of them, not UP_TILE bytes of each of DOWN_TILE rows INTER apart): 2-3.5% faster at
+    # PACKED_W2: stage 2 (fp8 act terms) reads w2 tile-packed by the runner (runner.packed_w2: a
+    # loop step reads its DOWN_TILE rows of one contiguous [W2_PACK_ROWS, UP_TILE] block, not
+    # UP_TILE bytes of each of DOWN_TILE rows INTER apart): 2-3.5% faster at
     # every TP1 width on an H100, 479.5 against 496.8 us at 16 tokens, 58.1 against 59.2 at one.
     # Off at TP > 1 until timed there (TP2's 3-token final build spills 4 B under its 168 registers)
     pk2 = _allowed("PACKED_W2", tune.get("PACKED_W2", int(key.tp == 1)), (0, 1),
