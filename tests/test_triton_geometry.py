@@ -48,7 +48,7 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     monkeypatch.delenv("FFNQ_TRITON_TUNE")
     # (two tokens: whole K, the model's pick on the grid of 396, where 360 items are one round)
     assert [G.geometry(offline.build_key(spec, 1, Experts.ALL, s))["UP_KSPLIT"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
-    assert G.measured("minimax-m2", 1, 1) == {"UP_KSPLIT": 2, "CTAS_PER_SM": 2, "UP_STAGES": 4, "UP_NARROW_FROM": 1,
+    assert G.measured("minimax-m2", 1, 1) == {"UP_KSPLIT": 2, "CTAS_PER_SM": 2, "UP_STAGES": 5, "UP_NARROW_FROM": 1,
                                               "PACKED_W13": 0}
     assert G.measured("minimax-m2", 2, 1) == {"EARLY_WEIGHTS": 1, "PACKED_W13": 0, "SUM_OWN_SLOTS": 2,
                                               "UP_NARROW_FROM": 1, "X_TERMS": 2}
@@ -64,13 +64,13 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # TP2 unmeasured
     assert {k: g["EARLY_HEADER"] for k, g in geo.items() if g["EARLY_HEADER"]} == {(1, s): 3 for s in range(5, 17)}
     assert [s for s in range(1, 17) if dq[2, s]] == list(range(3, 17))
-    # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens; three at 2-3 (three CTAs
-    # per SM), four at 1 (two); TP2 four, but five / four at 4-5 and 7-16 (six tokens' build would
-    # take 122 KB, one CTA per SM) and three at 3 (three CTAs per SM)
+    # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens; five and five at 1, four
+    # and four at 3 (two CTAs per SM), three at 2 (three); TP2 four, but five / four at 4-5 and 7-16
+    # (six tokens' build would take 122 KB, one CTA per SM) and three at 3 (three CTAs per SM)
     ns = {(tp, s): G.geometry(offline.build_key(spec, tp, Experts.ALL, s)) for tp in (1, 2) for s in range(1, 17)}
-    assert [s for s in range(1, 17) if ns[1, s]["UP_STAGES"] == 5] == list(range(4, 17))
-    assert all(ns[1, s]["DOWN_STAGES"] == 4 for s in range(4, 17))
-    assert ns[1, 3]["UP_STAGES"] == ns[1, 3]["DOWN_STAGES"] == 3
+    assert [s for s in range(1, 17) if ns[1, s]["UP_STAGES"] == 5] == [1] + list(range(4, 17))
+    assert all(ns[1, s]["DOWN_STAGES"] == 4 for s in range(4, 17)) and ns[1, 1]["DOWN_STAGES"] == 5
+    assert ns[1, 2]["UP_STAGES"] == ns[1, 2]["DOWN_STAGES"] == 3 and ns[1, 3]["UP_STAGES"] == ns[1, 3]["DOWN_STAGES"] == 4
     deep = {3: (3, 3), 6: (4, 4), 1: (4, 4), 2: (4, 4)}
     assert all((ns[2, s]["UP_STAGES"], ns[2, s]["DOWN_STAGES"]) == deep.get(s, (5, 4)) for s in range(1, 17))
     # stage 1's MMA N (x terms x token columns) 16 at TP1's 1-8 tokens, 32 at 9-16; TP2's 1, 4
@@ -215,9 +215,9 @@ def test_dropped_keys_are_gone_and_a8_is_checked(monkeypatch):
 
 
 def test_a_measured_register_cap(monkeypatch):
-    """MAXNREG in a row of configs/triton-measured.toml caps that width's registers on NVIDIA (TP1's
-    and TP2's three tokens at 168, so three CTAs per SM fit); FFNQ_TRITON_TUNE's MAXNREG@w or
-    MAXNREG is over it."""
+    """MAXNREG in a row of configs/triton-measured.toml caps that width's registers on NVIDIA (TP2's
+    three tokens at 168, so three CTAs per SM fit); FFNQ_TRITON_TUNE's MAXNREG@w or MAXNREG is over
+    it."""
     spec = load_model("minimax-m2")
 
     def opts(s, hip=False, tp=1):
@@ -225,8 +225,8 @@ def test_a_measured_register_cap(monkeypatch):
         return G.launch_options(offline.constexprs_for(key, hip), key)
 
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    assert opts(3)["maxnreg"] == 168 and "maxnreg" not in opts(4) and "maxnreg" not in opts(3, hip=True)
-    assert opts(3, tp=2)["maxnreg"] == 168 and "maxnreg" not in opts(2, tp=2)
+    assert opts(3, tp=2)["maxnreg"] == 168 and "maxnreg" not in opts(2, tp=2) and "maxnreg" not in opts(3, 1, 2)
+    assert "maxnreg" not in opts(3) and "maxnreg" not in opts(4)  # TP1's three tokens: two CTAs per SM, uncapped
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "MAXNREG@3=200,MAXNREG@4=160")
     assert opts(3)["maxnreg"] == 200 and opts(4)["maxnreg"] == 160 and "maxnreg" not in opts(5)
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "MAXNREG=150")
