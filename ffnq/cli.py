@@ -335,16 +335,22 @@ def warm(
 def gate(
     config: Annotated[str, typer.Argument(help="a gate config, e.g. configs/gates/cpu-tp2.toml")],
     out: Out = "reports", json_out: Json = False,
+    rebase: Annotated[bool, typer.Option("--rebase", help="then take the config's p50 budgets (p50 + --margin) and "
+                                         "[compare] bases from this run, if its correctness checks passed")] = False,
+    margin: Annotated[Optional[float], typer.Option("--margin", help="--rebase's budget over each width's p50, "
+                                                    "percent [default: 15]")] = None,
 ):
     """Run what a gate config names, compare with its thresholds, write junit.xml + summary.md.
 
-    Exit 0 pass, 1 fail, 2 could not run.
+    Exit 0 pass (or rebased), 1 fail (or not rebased: a correctness check failed), 2 could not run.
     """
     def body():
         from ffnq.gate import run_gate
 
+        if margin is not None and not rebase:
+            raise UsageError(f"--margin {margin:g}: a budget margin for --rebase; add --rebase or drop it")
         try:
-            return run_gate(config, out, json_out)
+            return run_gate(config, out, json_out, (15.0 if margin is None else margin) if rebase else None)
         except UsageError as e:  # a job's option the config set, refused by the verb's own check
             if config in str(e):
                 raise

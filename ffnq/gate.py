@@ -29,6 +29,9 @@ A config (configs/gates/*.toml):
     bench = "reports/...-bench-triton-tp2"
     qualify = "reports/...-qualify-triton-tp2"
 
+`ffnq gate CONFIG --rebase [--margin 15]` then rewrites the config from this run: p50_us_max per
+bench width = p50 + margin, [compare] = its bench and qualify reports (ffnq.gate_rebase).
+
 Exit 0 every check passed, 1 a check failed, 2 the gate could not run (config missing or
 malformed, bad options, a threshold that would judge nothing, a job that died or passed its
 deadline). A check with nothing to judge in this run (resident where no width has an occupancy
@@ -86,7 +89,10 @@ def _table(p: Path, cfg: dict, key: str) -> dict:
     return v
 
 
-def load_gate(path: str | Path) -> dict:
+def load_gate(path: str | Path, rebasing: bool = False) -> dict:
+    """A gate config, checked whole (exit 2 on anything it cannot judge). rebasing: its bench and
+    qualify jobs will write their [compare] bases (gate --rebase), so a relative threshold may
+    come before its base."""
     p = Path(path)
     if not p.is_file():
         known = sorted(str(x) for x in (Path(__file__).resolve().parent.parent / "configs" / "gates").glob("*.toml"))
@@ -140,7 +146,7 @@ def load_gate(path: str | Path) -> dict:
             raise UsageError(f"gate config {p}: [compare] {verb} = {shown(rel)}: need a job name ({', '.join(VERBS)}) "
                              f"and a report folder with results.json")
         cmp[verb] = str(path)
-    _check_thresholds(p, th, out, cmp)
+    _check_thresholds(p, th, out, set(cmp) | ({v for v, _ in out} & {"bench", "qualify"} if rebasing else set()))
     _check_bases(p, cmp)
     return {"name": cfg.get("name", p.stem), "path": str(p), "device": device, "jobs": out, "thresholds": th,
             "compare": cmp}
@@ -170,7 +176,7 @@ def check_device(cfg: dict, jobs: list) -> None:
                          + ": run a gate whose budgets were measured on this host's GPU")
 
 
-def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: dict) -> None:
+def _check_thresholds(p: Path, th: dict, jobs: list[tuple[str, dict]], cmp: set[str]) -> None:
     """Refuse, before any job runs, a threshold that would judge nothing: of the wrong type or out
     of range (a budget of -5 us or nan fails every width, a speedup minimum of -1 passes every
     one), for a job (or a [compare] base) the config does not have, or a p50 budget for a width no
@@ -376,13 +382,19 @@ def junit(name: str, rows: pd.DataFrame, wall_s: float) -> str:
     return "\n".join(out) + "\n"
 
 
-def run_gate(config: str, out: Path, json_out: bool) -> int:
+def run_gate(config: str, out: Path, json_out: bool, rebase_margin: float | None = None) -> int:
+    """Run a gate; with rebase_margin (a percentage), then rewrite its config from this run
+    (ffnq.gate_rebase): exit 0 once rebased, whatever its budgets said of this run."""
     import time
 
     from ffnq.report import error_line, footer, saved, show_table, write_report
     from ffnq.verbs import meta, run_bench, run_qualify, run_soak, run_warm
 
-    cfg = load_gate(config)
+    cfg = load_gate(config, rebasing=rebase_margin is not None)
+    if rebase_margin is not None:
+        from ffnq.gate_rebase import check_rebase
+
+        check_rebase(cfg, rebase_margin)
     jobs = []  # every job validated before any runs
     for i, (verb, o) in enumerate(cfg["jobs"]):
         try:
@@ -393,10 +405,11 @@ def run_gate(config: str, out: Path, json_out: bool) -> int:
                              f"its jobs can run, or pick another in configs/gates/") from None
     check_device(cfg, jobs)
     t0 = time.monotonic()
-    rows = []
+    rows, runs = [], []
     runners = {"warm": run_warm, "qualify": run_qualify, "bench": run_bench, "soak": run_soak}
     for verb, opts in jobs:
         table, path = runners[verb](opts, out, json_out)
+        runs.append((verb, table, str(path)))
         rows += checks(verb, table, cfg["thresholds"], str(path))
         if verb in cfg["compare"]:
             rows += relative_checks(verb, cfg["compare"][verb], str(path), cfg["thresholds"])
@@ -418,6 +431,16 @@ def run_gate(config: str, out: Path, json_out: bool) -> int:
                         extra_files={"junit.xml": junit(cfg["name"], df, time.monotonic() - t0)})
     footer(verdict, json_out)
     saved(path, json_out)
+    if rebase_margin is not None:
+        from ffnq.gate_rebase import NotRebased, rebase
+
+        try:
+            for line in rebase(cfg, runs, rebase_margin):
+                footer(line, json_out)
+        except NotRebased as e:
+            error_line(str(e))
+            return 1
+        return 0
     if idle:
         error_line(f"gate config {cfg['path']}: every check was skipped ({'; '.join(sorted(set(df.value)))}); "
              "nothing judged")

@@ -16,10 +16,11 @@ def ffnq_cmd() -> list[str]:
     return [found] if found else [sys.executable, "-m", "ffnq.cli"]
 
 
-def ffnq(*args, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+def ffnq(*args, env: dict | None = None, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess:
     e = dict(os.environ, PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""), COLUMNS="200")
     e.update(env or {})
-    return subprocess.run([*ffnq_cmd(), *map(str, args)], capture_output=True, text=True, env=e, timeout=timeout)
+    return subprocess.run([*ffnq_cmd(), *map(str, args)], capture_output=True, text=True, env=e, timeout=timeout,
+                          cwd=cwd)
 
 
 def one_report(out: Path, job: str) -> Path:

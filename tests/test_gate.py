@@ -46,16 +46,22 @@ def test_shipped_gates_load(name):
 
 
 def test_the_docs_gate_for_your_runner_loads(tmp_path):
-    """docs/runners.md's example config is one load_gate takes (its [compare] folders stood in for
-    by shipped reference runs): a key the docs teach that the gate refuses fails here."""
+    """docs/runners.md's example config is one load_gate takes to rebase, and rebased (its bases
+    stood in for by shipped reference runs) as a gate: a key the docs teach that the gate refuses
+    fails here."""
+    from ffnq.gate_rebase import rewrite
+
     text = (GATES.parent.parent / "docs" / "runners.md").read_text()
     toml = re.search(r"## A gate for your runner.*?```toml\n(.*?)```", text, re.S)[1]
-    toml = toml.replace("gates/ref/mine-bench", str(GATES / "ref" / "h100-tp1-bench"))
-    toml = toml.replace("gates/ref/mine-qualify", str(GATES / "ref" / "h100-tp1-qualify"))
     (tmp_path / "mine.toml").write_text(toml)
-    cfg = load_gate(tmp_path / "mine.toml")
+    cfg = load_gate(tmp_path / "mine.toml", rebasing=True)
     assert [v for v, _ in cfg["jobs"]] == ["qualify", "bench"]
     assert {"qualify_all_pass", "p50_us_max", "max_slower_pct", "no_new_fail"} <= set(cfg["thresholds"])
+    with pytest.raises(UsageError, match="max_slower_pct judges the bench \\[compare\\] base"):
+        load_gate(tmp_path / "mine.toml")  # not a gate until rebased
+    bases = {v: str(GATES / "ref" / f"h100-tp1-{v}") for v in ("bench", "qualify")}
+    (tmp_path / "mine.toml").write_text(rewrite(toml, {1: 3400, 4: 10800}, bases, "a run", 15))
+    assert load_gate(tmp_path / "mine.toml")["compare"] == bases
 
 
 def test_cpu_gate_options_validate():

@@ -1,0 +1,151 @@
+"""ffnq gate CONFIG --rebase: a gate config's p50 budgets and [compare] bases taken from this run.
+
+The budgets become each bench width's p50 plus a margin (15% by default, rounded up to a whole
+us): one GPU's run-to-run spread is ~1% and two machines of one model differ by up to ~3%, so
+15% passes another host of the model and fails a real regression. The run's bench and qualify
+reports become the [compare] bases: their results.json is copied into the folders the config
+names, or into ref/NAME-VERB/ next to it. Only a run whose correctness checks all passed rebases
+(a base with a FAIL in it would blind the next run's no_new_fail to that case). The config is
+edited line by line, its comments kept, and re-read before it replaces the old one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+
+from ffnq.errors import UsageError
+
+VERBS = ("bench", "qualify")  # the jobs whose reports a gate compares against
+class NotRebased(Exception):
+    """This run cannot be a gate's base (a correctness check failed): the gate exits 1."""
+
+
+CORRECT = {"resident": True, "qualify_all_pass": True, "soak_clean": True}  # and bench's fp64 check
+
+
+def check_rebase(cfg: dict, margin_pct: float) -> None:
+    """Refuse a rebase that could not write anything, before any job runs."""
+    if not (isinstance(margin_pct, (int, float)) and math.isfinite(margin_pct) and margin_pct >= 0):
+        raise UsageError(f"--margin {margin_pct!r}: need a finite percentage >= 0")
+    if not any(v in VERBS for v, _ in cfg["jobs"]):
+        raise UsageError(f"gate config {cfg['path']}: --rebase takes budgets and bases from a bench or qualify "
+                         f"job; this config runs {', '.join(v for v, _ in cfg['jobs'])}")
+
+
+def budgets(table: pd.DataFrame, margin_pct: float) -> dict[int, int]:
+    """Width -> p50 budget in us: the bench's p50 x (1 + margin), rounded up."""
+    return {int(r.width): math.ceil(float(r.p50_us) * (1 + margin_pct / 100) - 1e-9) for _, r in table.iterrows()
+            if r.get("p50_us") == r.get("p50_us") and r.get("p50_us") is not None}
+
+
+def _section(lines: list[str], name: str) -> tuple[int, int] | None:
+    """(header index, end index) of [name] in a TOML file's lines, or None."""
+    head = next((i for i, ln in enumerate(lines) if re.match(rf"\s*\[{name}\]\s*(#.*)?$", ln)), None)
+    if head is None:
+        return None
+    end = next((i for i in range(head + 1, len(lines)) if re.match(r"\s*\[", lines[i])), len(lines))
+    return head, end
+
+
+def _set(lines: list[str], section: str, key: str, line: str) -> None:
+    """Replace key's line in [section], or add it under the header (the section too if absent)."""
+    span = _section(lines, section)
+    if span is None:
+        lines += ["", f"[{section}]", line]
+        return
+    head, end = span
+    at = next((i for i in range(head + 1, end) if re.match(rf"\s*{key}\s*=", lines[i])), None)
+    if at is None:
+        lines.insert(head + 1, line)
+    else:
+        lines[at] = line
+
+
+def rewrite(text: str, budget: dict[int, int] | None, bases: dict[str, str], source: str, margin_pct: float) -> str:
+    """The config's text with p50_us_max = budget (if given) and [compare] VERB = bases[VERB]."""
+    lines = text.splitlines()
+    if budget:
+        table = ", ".join(f'"{w}" = {us}' for w, us in sorted(budget.items()))
+        _set(lines, "thresholds", "p50_us_max",
+             f"p50_us_max = {{ {table} }}  # p50 + {margin_pct:g}% of {source}")
+    for verb, path in bases.items():
+        _set(lines, "compare", verb, f"{verb} = {json.dumps(path)}")
+    span = _section(lines, "compare")
+    if span:  # its bases are this run's now, new or rewritten in place
+        lines[span[0]] = f"[compare]  # {source}"
+    return "\n".join(lines) + "\n"
+
+
+def _source(path: str) -> str:
+    """'a run on GPU, date, commit c' from a report's results.json."""
+    doc = json.loads((Path(path) / "results.json").read_text())
+    gpus = (doc.get("machine") or {}).get("gpus") or []
+    where = gpus[0]["name"] if gpus else f"{(doc.get('options') or {}).get('backend', 'cpu')} backend"
+    return f"a run on {where}, {str(doc.get('utc', ''))[:10]}, commit {str(doc.get('git_commit', '?'))[:7]}"
+
+
+def _spelled(path: Path) -> str:
+    """A base folder as the config names it: relative to here when under it (load_gate reads a
+    relative path from the working directory first), else absolute."""
+    rel = os.path.relpath(path.resolve(), Path.cwd())
+    return rel if not rel.startswith("..") else str(path.resolve())
+
+
+def rebase(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct: float) -> list[str]:
+    """Rewrite cfg's config from this run's jobs (verb, table, report folder); the lines to print.
+    Raises NotRebased, writing nothing, where a correctness check of the run failed."""
+    from ffnq.gate import _widths, checks, load_gate
+
+    bad = [f"{r['check']} ({r['value']})" for verb, table, path in runs
+           for r in checks(verb, table, CORRECT, path) if r["result"] == "FAIL"]
+    if bad:
+        raise NotRebased(f"gate config {cfg['path']}: not rebased: this run failed {'; '.join(bad)}")
+    last = {verb: (table, path) for verb, table, path in runs if verb in VERBS}  # a verb's last job
+    if "bench" in last and not budgets(last["bench"][0], margin_pct):
+        raise NotRebased(f"gate config {cfg['path']}: not rebased: its bench timed no width")
+    config = Path(cfg["path"])
+    bases, copies = {}, []
+    for verb, (_, path) in last.items():
+        if verb in cfg["compare"]:
+            folder = Path(cfg["compare"][verb])
+        else:
+            folder = config.parent / "ref" / f"{config.stem}-{verb}"
+            bases[verb] = _spelled(folder)
+        copies.append((verb, Path(path) / "results.json", folder))
+    source = _source(last["bench"][1] if "bench" in last else last["qualify"][1])
+    ran = {w for verb, o in cfg["jobs"] if verb == "bench" for w in _widths(o)}
+    budget = {w: us for w, us in budgets(last["bench"][0], margin_pct).items() if w in ran} if "bench" in last else None
+    text = rewrite(config.read_text(), budget, bases, source, margin_pct)
+    new = tomllib.loads(text)  # what the edit must have set, read back before anything is written
+    if (budget and new["thresholds"]["p50_us_max"] != {str(w): us for w, us in budget.items()}) or any(
+            new["compare"][v] != p for v, p in bases.items()):
+        raise UsageError(f"gate config {config}: not rebased: its p50_us_max or [compare] is written in a form "
+                         "this edit does not take (one line each); set them by hand")
+    old = {config: config.read_text()} | {f / "results.json": (f / "results.json").read_bytes()
+                                          for _, _, f in copies if (f / "results.json").is_file()}
+    made = [f for _, _, f in copies if not f.exists()]
+    try:
+        for _, src, folder in copies:  # each file whole or not at all: a copy, then a rename over the old one
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, folder / "results.json.tmp")
+            os.replace(folder / "results.json.tmp", folder / "results.json")
+        tmp = config.with_name(config.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, config)
+        load_gate(config)  # the config, its new bases in place, loads as the next gate will
+    except (OSError, UsageError) as e:  # put back what was there: no half-rebased gate
+        for f, was in old.items():
+            f.write_text(was) if isinstance(was, str) else f.write_bytes(was)
+        for f in made:
+            shutil.rmtree(f, ignore_errors=True)
+        raise UsageError(f"gate config {config}: not rebased ({e})") from None
+    said = [f"rebased {config}: " + (", ".join(f"w={w} p50 <= {us} us" for w, us in sorted(budget.items()))
+                                     if budget else "no bench job: budgets kept")]
+    return said + [f"  [compare] {verb}: {folder} <- {src.parent}" for verb, src, folder in copies]
