@@ -68,8 +68,10 @@ def _set(lines: list[str], section: str, key: str, line: str) -> None:
         lines[at] = line
 
 
-def rewrite(text: str, budget: dict[int, int] | None, bases: dict[str, str], source: str, margin_pct: float) -> str:
-    """The config's text with p50_us_max = budget (if given) and [compare] VERB = bases[VERB]."""
+def rewrite(text: str, budget: dict[int, int] | None, bases: dict[str, str], source: str, margin_pct: float,
+            compared: str | None = None) -> str:
+    """The config's text with p50_us_max = budget (if given, from source's bench) and [compare]
+    VERB = bases[VERB] (its header naming compared, or source)."""
     lines = text.splitlines()
     if budget:
         table = ", ".join(f'"{w}" = {us}' for w, us in sorted(budget.items()))
@@ -79,7 +81,7 @@ def rewrite(text: str, budget: dict[int, int] | None, bases: dict[str, str], sou
         _set(lines, "compare", verb, f"{verb} = {json.dumps(path)}")
     span = _section(lines, "compare")
     if span:  # its bases are this run's now, new or rewritten in place
-        lines[span[0]] = f"[compare]  # {source}"
+        lines[span[0]] = f"[compare]  # {compared or source}"
     return "\n".join(lines) + "\n"
 
 
@@ -119,10 +121,12 @@ def rebase(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct: flo
             folder = config.parent / "ref" / f"{config.stem}-{verb}"
             bases[verb] = _spelled(folder)
         copies.append((verb, Path(path) / "results.json", folder))
-    source = _source(last["bench"][1] if "bench" in last else last["qualify"][1])
+    runs_of = {verb: _source(path) for verb, (_, path) in last.items()}
+    source = runs_of.get("bench") or runs_of["qualify"]
+    compared = source if len(set(runs_of.values())) == 1 else "; ".join(f"{v}: {s}" for v, s in runs_of.items())
     ran = {w for verb, o in cfg["jobs"] if verb == "bench" for w in _widths(o)}
     budget = {w: us for w, us in budgets(last["bench"][0], margin_pct).items() if w in ran} if "bench" in last else None
-    text = rewrite(config.read_text(), budget, bases, source, margin_pct)
+    text = rewrite(config.read_text(), budget, bases, source, margin_pct, compared)
     new = tomllib.loads(text)  # what the edit must have set, read back before anything is written
     if (budget and new["thresholds"]["p50_us_max"] != {str(w): us for w, us in budget.items()}) or any(
             new["compare"][v] != p for v, p in bases.items()):
