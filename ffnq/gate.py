@@ -50,6 +50,7 @@ import pandas as pd
 
 from ffnq.errors import UsageError
 from ffnq.errors import cut, shown
+from ffnq.gate_rebase import CORRECT, NotRebased, check_rebase, rebase
 from ffnq.spec import is_int, is_number
 
 VERBS = ("warm", "qualify", "bench", "soak")
@@ -382,6 +383,15 @@ def junit(name: str, rows: pd.DataFrame, wall_s: float) -> str:
     return "\n".join(out) + "\n"
 
 
+def rebase_gate(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct: float) -> list[str]:
+    """gate --rebase after the run (verb, table, report folder per job): ffnq.gate_rebase, given
+    the run's failed correctness checks and the widths the config's bench jobs run."""
+    failed = [f"{r['check']} ({r['value']})" for verb, table, path in runs
+              for r in checks(verb, table, CORRECT, path) if r["result"] == "FAIL"]
+    widths = {w for verb, o in cfg["jobs"] if verb == "bench" for w in _widths(o)}
+    return rebase(cfg, runs, margin_pct, failed, widths, load_gate)
+
+
 def run_gate(config: str, out: Path, json_out: bool, rebase_margin: float | None = None) -> int:
     """Run a gate; with rebase_margin (a percentage), then rewrite its config from this run
     (ffnq.gate_rebase): exit 0 once rebased, whatever its budgets said of this run."""
@@ -392,8 +402,6 @@ def run_gate(config: str, out: Path, json_out: bool, rebase_margin: float | None
 
     cfg = load_gate(config, rebasing=rebase_margin is not None)
     if rebase_margin is not None:
-        from ffnq.gate_rebase import check_rebase
-
         check_rebase(cfg, rebase_margin)
     jobs = []  # every job validated before any runs
     for i, (verb, o) in enumerate(cfg["jobs"]):
@@ -432,10 +440,8 @@ def run_gate(config: str, out: Path, json_out: bool, rebase_margin: float | None
     footer(verdict, json_out)
     saved(path, json_out)
     if rebase_margin is not None:
-        from ffnq.gate_rebase import NotRebased, rebase
-
         try:
-            for line in rebase(cfg, runs, rebase_margin):
+            for line in rebase_gate(cfg, runs, rebase_margin):
                 footer(line, json_out)
         except NotRebased as e:
             error_line(str(e))

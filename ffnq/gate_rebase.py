@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -27,7 +28,8 @@ class NotRebased(Exception):
     """This run cannot be a gate's base (a correctness check failed): the gate exits 1."""
 
 
-CORRECT = {"resident": True, "qualify_all_pass": True, "soak_clean": True}  # and bench's fp64 check
+CORRECT = {"resident": True, "qualify_all_pass": True, "soak_clean": True}  # and bench's fp64 check: the
+# thresholds (ffnq.gate.checks) a run must pass, whatever its config judges, to be a base
 
 
 def check_rebase(cfg: dict, margin_pct: float) -> None:
@@ -100,15 +102,14 @@ def _spelled(path: Path) -> str:
     return rel if not rel.startswith("..") else str(path.resolve())
 
 
-def rebase(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct: float) -> list[str]:
+def rebase(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct: float, failed: list[str],
+           bench_widths: set[int], reload: Callable[[Path], object]) -> list[str]:
     """Rewrite cfg's config from this run's jobs (verb, table, report folder); the lines to print.
-    Raises NotRebased, writing nothing, where a correctness check of the run failed."""
-    from ffnq.gate import _widths, checks, load_gate
-
-    bad = [f"{r['check']} ({r['value']})" for verb, table, path in runs
-           for r in checks(verb, table, CORRECT, path) if r["result"] == "FAIL"]
-    if bad:
-        raise NotRebased(f"gate config {cfg['path']}: not rebased: this run failed {'; '.join(bad)}")
+    failed: the run's failed correctness checks (any: NotRebased, nothing written); bench_widths:
+    the widths the config's bench jobs run (a budget each); reload(config) raises UsageError where
+    the rewritten config would not load as a gate, and everything is put back."""
+    if failed:
+        raise NotRebased(f"gate config {cfg['path']}: not rebased: this run failed {'; '.join(failed)}")
     last = {verb: (table, path) for verb, table, path in runs if verb in VERBS}  # a verb's last job
     if "bench" in last and not budgets(last["bench"][0], margin_pct):
         raise NotRebased(f"gate config {cfg['path']}: not rebased: its bench timed no width")
@@ -124,8 +125,8 @@ def rebase(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct: flo
     runs_of = {verb: _source(path) for verb, (_, path) in last.items()}
     source = runs_of.get("bench") or runs_of["qualify"]
     compared = source if len(set(runs_of.values())) == 1 else "; ".join(f"{v}: {s}" for v, s in runs_of.items())
-    ran = {w for verb, o in cfg["jobs"] if verb == "bench" for w in _widths(o)}
-    budget = {w: us for w, us in budgets(last["bench"][0], margin_pct).items() if w in ran} if "bench" in last else None
+    budget = ({w: us for w, us in budgets(last["bench"][0], margin_pct).items() if w in bench_widths}
+              if "bench" in last else None)
     text = rewrite(config.read_text(), budget, bases, source, margin_pct, compared)
     new = tomllib.loads(text)  # what the edit must have set, read back before anything is written
     if (budget and new["thresholds"]["p50_us_max"] != {str(w): us for w, us in budget.items()}) or any(
@@ -134,7 +135,8 @@ def rebase(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct: flo
                          "this edit does not take (one line each); set them by hand")
     old = {config: config.read_text()} | {f / "results.json": (f / "results.json").read_bytes()
                                           for _, _, f in copies if (f / "results.json").is_file()}
-    made = [f for _, _, f in copies if not f.exists()]
+    # the outermost folder each new base creates (ref/ itself, the first time)
+    made = {next(a for a in [*reversed(f.parents), f] if not a.exists()) for _, _, f in copies if not f.exists()}
     try:
         for _, src, folder in copies:  # each file whole or not at all: a copy, then a rename over the old one
             folder.mkdir(parents=True, exist_ok=True)
@@ -143,7 +145,7 @@ def rebase(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct: flo
         tmp = config.with_name(config.name + ".tmp")
         tmp.write_text(text)
         os.replace(tmp, config)
-        load_gate(config)  # the config, its new bases in place, loads as the next gate will
+        reload(config)  # the config, its new bases in place, loads as the next gate will
     except (OSError, UsageError) as e:  # put back what was there: no half-rebased gate
         for f, was in old.items():
             f.write_text(was) if isinstance(was, str) else f.write_bytes(was)

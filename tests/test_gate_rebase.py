@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ffnq.gate import load_gate
-from ffnq.gate_rebase import NotRebased, budgets, rebase, rewrite
+from ffnq.gate import load_gate, rebase_gate
+from ffnq.gate_rebase import NotRebased, budgets, rewrite
 from helpers import ffnq, one_report
 
 REF = Path(__file__).resolve().parent.parent / "configs" / "gates" / "ref"
@@ -78,7 +78,7 @@ def test_rebase_writes_the_budgets_and_the_bases_next_to_the_config(tmp_path, mo
     runs = _runs(tmp_path)
     with pytest.raises(Exception, match="max_slower_pct judges the bench \\[compare\\] base"):
         load_gate(tmp_path / "gates" / "mine.toml")  # a relative threshold before its base: only to rebase
-    said = rebase(load_gate(tmp_path / "gates" / "mine.toml", rebasing=True), runs, 15)
+    said = rebase_gate(load_gate(tmp_path / "gates" / "mine.toml", rebasing=True), runs, 15)
     cfg = load_gate(tmp_path / "gates" / "mine.toml")
     p50 = {str(int(r.width)): r.p50_us for _, r in runs[1][1].iterrows()}
     assert cfg["thresholds"]["p50_us_max"] == {w: -(-v * 1.15 // 1) for w, v in p50.items()}
@@ -96,7 +96,7 @@ def test_a_run_that_failed_a_check_rebases_nothing(tmp_path, monkeypatch):
     (tmp_path / "mine.toml").write_text(CONFIG)
     with pytest.raises(NotRebased, match=r"not rebased: this run failed every qualify case PASS \(36/37 PASS; "
                                          r"failed: correct w=1\)"):
-        rebase(load_gate(tmp_path / "mine.toml", rebasing=True), _runs(tmp_path, status="FAIL"), 15)
+        rebase_gate(load_gate(tmp_path / "mine.toml", rebasing=True), _runs(tmp_path, status="FAIL"), 15)
     assert (tmp_path / "mine.toml").read_text() == CONFIG and not (tmp_path / "ref").exists()
 
 
@@ -132,3 +132,26 @@ def test_a_gate_rebased_on_its_run_then_passes_against_it(tmp_path):
     r = ffnq("gate", cfg, "--out", tmp_path / "two", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "vs base qualify statuses" in r.stdout or "vs base correct" in r.stdout
+
+
+def test_a_rewrite_that_would_not_load_is_put_back_whole(tmp_path, monkeypatch):
+    """reload refusing the rewritten config (the gate's own load, here made to fail) leaves the
+    config, an existing base and the folders it would have made as they were."""
+    from ffnq.errors import UsageError
+    from ffnq.gate_rebase import rebase
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.toml").write_text(CONFIG)
+    runs = _runs(tmp_path)
+    cfg = load_gate(tmp_path / "mine.toml", rebasing=True)
+    shutil.copytree(REF / "h200-tp1-qualify", tmp_path / "old-qualify")  # an existing base, rewritten in place
+    cfg["compare"]["qualify"] = str(tmp_path / "old-qualify")
+    before = (tmp_path / "old-qualify" / "results.json").read_bytes()
+
+    def reload(path):
+        raise UsageError("refused")
+
+    with pytest.raises(UsageError, match=r"not rebased \(refused\)"):
+        rebase(cfg, runs, 15, [], {1, 2, 4, 8, 16}, reload)
+    assert (tmp_path / "mine.toml").read_text() == CONFIG and not (tmp_path / "ref").exists()
+    assert (tmp_path / "old-qualify" / "results.json").read_bytes() == before
