@@ -6,6 +6,7 @@ Exit 0 pass, 1 a case/threshold failed or a rank died, 2 bad input or a job that
 """
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -336,9 +337,9 @@ def gate(
     config: Annotated[str, typer.Argument(help="a gate config, e.g. configs/gates/cpu-tp2.toml")],
     out: Out = "reports", json_out: Json = False,
     rebase: Annotated[bool, typer.Option("--rebase", help="then take the config's p50 budgets (p50 + --margin) and "
-                                         "[compare] bases from this run, if its correctness checks passed")] = False,
+                                         "\\[compare] bases from this run, if its correctness checks passed")] = False,
     margin: Annotated[Optional[float], typer.Option("--margin", help="--rebase's budget over each width's p50, "
-                                                    "percent [default: 15]")] = None,
+                                                    "percent \\[default: 15]")] = None,
 ):
     """Run what a gate config names, compare with its thresholds, write junit.xml + summary.md.
 
@@ -349,6 +350,8 @@ def gate(
 
         if margin is not None and not rebase:
             raise UsageError(f"--margin {margin:g}: a budget margin for --rebase; add --rebase or drop it")
+        if margin is not None and not (math.isfinite(margin) and margin >= 0):
+            raise UsageError(f"--margin {margin:g}: need a finite percentage >= 0")
         try:
             return run_gate(config, out, json_out, (15.0 if margin is None else margin) if rebase else None)
         except UsageError as e:  # a job's option the config set, refused by the verb's own check

@@ -35,7 +35,7 @@ CORRECT = {"resident": True, "qualify_all_pass": True, "soak_clean": True}  # an
 def check_rebase(cfg: dict, margin_pct: float) -> None:
     """Refuse a rebase that could not write anything, before any job runs."""
     if not (isinstance(margin_pct, (int, float)) and math.isfinite(margin_pct) and margin_pct >= 0):
-        raise UsageError(f"--margin {margin_pct!r}: need a finite percentage >= 0")
+        raise UsageError(f"gate config {cfg['path']}: --rebase margin {margin_pct!r}: need a finite percentage >= 0")
     if not any(v in VERBS for v, _ in cfg["jobs"]):
         raise UsageError(f"gate config {cfg['path']}: --rebase takes budgets and bases from a bench or qualify "
                          f"job; this config runs {', '.join(v for v, _ in cfg['jobs'])}")

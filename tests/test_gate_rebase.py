@@ -105,7 +105,8 @@ def test_gate_rebase_refusals_exit_2_on_one_line(tmp_path):
     cfg.write_text('name = "idle"\n[options]\nbackend = "cpu"\nmodel = "tiny"\ntp = 2\n'
                    '[[job]]\nverb = "warm"\nwidths = "1"\n[thresholds]\nresident = true\n')
     for args, said in ((["--margin", "10"], "--margin 10: a budget margin for --rebase"),
-                       (["--rebase", "--margin", "-1"], "--margin -1.0: need a finite percentage >= 0"),
+                       (["--rebase", "--margin", "-1"], "error: --margin -1: need a finite percentage >= 0\n"),
+                       (["--rebase", "--margin", "nan"], "error: --margin nan: need a finite percentage >= 0\n"),
                        (["--rebase"], "--rebase takes budgets and bases from a bench or qualify job; this config "
                                       "runs warm")):
         r = ffnq("gate", cfg, "--out", tmp_path / "out", *args)
