@@ -402,7 +402,7 @@ def run_gate(config: str, out: Path, json_out: bool, rebase_margin: float | None
 
     cfg = load_gate(config, rebasing=rebase_margin is not None)
     if rebase_margin is not None:
-        check_rebase(cfg, rebase_margin)
+        check_rebase(cfg)
     jobs = []  # every job validated before any runs
     for i, (verb, o) in enumerate(cfg["jobs"]):
         try:

@@ -24,6 +24,8 @@ import pandas as pd
 from ffnq.errors import UsageError
 
 VERBS = ("bench", "qualify")  # the jobs whose reports a gate compares against
+
+
 class NotRebased(Exception):
     """This run cannot be a gate's base (a correctness check failed): the gate exits 1."""
 
@@ -32,10 +34,8 @@ CORRECT = {"resident": True, "qualify_all_pass": True, "soak_clean": True}  # an
 # thresholds (ffnq.gate.checks) a run must pass, whatever its config judges, to be a base
 
 
-def check_rebase(cfg: dict, margin_pct: float) -> None:
-    """Refuse a rebase that could not write anything, before any job runs."""
-    if not (isinstance(margin_pct, (int, float)) and math.isfinite(margin_pct) and margin_pct >= 0):
-        raise UsageError(f"gate config {cfg['path']}: --rebase margin {margin_pct!r}: need a finite percentage >= 0")
+def check_rebase(cfg: dict) -> None:
+    """Refuse a rebase that could not write anything, before any job runs (the CLI checks --margin)."""
     if not any(v in VERBS for v, _ in cfg["jobs"]):
         raise UsageError(f"gate config {cfg['path']}: --rebase takes budgets and bases from a bench or qualify "
                          f"job; this config runs {', '.join(v for v, _ in cfg['jobs'])}")
@@ -43,8 +43,8 @@ def check_rebase(cfg: dict, margin_pct: float) -> None:
 
 def budgets(table: pd.DataFrame, margin_pct: float) -> dict[int, int]:
     """Width -> p50 budget in us: the bench's p50 x (1 + margin), rounded up."""
-    return {int(r.width): math.ceil(float(r.p50_us) * (1 + margin_pct / 100) - 1e-9) for _, r in table.iterrows()
-            if r.get("p50_us") == r.get("p50_us") and r.get("p50_us") is not None}
+    timed = table[pd.notna(table.p50_us)] if "p50_us" in table else table.iloc[:0]
+    return {int(w): math.ceil(float(us) * (1 + margin_pct / 100) - 1e-9) for w, us in zip(timed.width, timed.p50_us)}
 
 
 def _section(lines: list[str], name: str) -> tuple[int, int] | None:
@@ -111,7 +111,8 @@ def rebase(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct: flo
     if failed:
         raise NotRebased(f"gate config {cfg['path']}: not rebased: this run failed {'; '.join(failed)}")
     last = {verb: (table, path) for verb, table, path in runs if verb in VERBS}  # a verb's last job
-    if "bench" in last and not budgets(last["bench"][0], margin_pct):
+    timed = budgets(last["bench"][0], margin_pct) if "bench" in last else None
+    if timed == {}:
         raise NotRebased(f"gate config {cfg['path']}: not rebased: its bench timed no width")
     config = Path(cfg["path"])
     bases, copies = {}, []
@@ -125,15 +126,15 @@ def rebase(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct: flo
     runs_of = {verb: _source(path) for verb, (_, path) in last.items()}
     source = runs_of.get("bench") or runs_of["qualify"]
     compared = source if len(set(runs_of.values())) == 1 else "; ".join(f"{v}: {s}" for v, s in runs_of.items())
-    budget = ({w: us for w, us in budgets(last["bench"][0], margin_pct).items() if w in bench_widths}
-              if "bench" in last else None)
-    text = rewrite(config.read_text(), budget, bases, source, margin_pct, compared)
+    budget = None if timed is None else {w: us for w, us in timed.items() if w in bench_widths}
+    was = config.read_text()
+    text = rewrite(was, budget, bases, source, margin_pct, compared)
     new = tomllib.loads(text)  # what the edit must have set, read back before anything is written
     if (budget and new["thresholds"]["p50_us_max"] != {str(w): us for w, us in budget.items()}) or any(
             new["compare"][v] != p for v, p in bases.items()):
         raise UsageError(f"gate config {config}: not rebased: its p50_us_max or [compare] is written in a form "
                          "this edit does not take (one line each); set them by hand")
-    old = {config: config.read_text()} | {f / "results.json": (f / "results.json").read_bytes()
+    old = {config: was} | {f / "results.json": (f / "results.json").read_bytes()
                                           for _, _, f in copies if (f / "results.json").is_file()}
     # the outermost folder each new base creates (ref/ itself, the first time)
     made = {next(a for a in [*reversed(f.parents), f] if not a.exists()) for _, _, f in copies if not f.exists()}
