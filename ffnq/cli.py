@@ -230,7 +230,7 @@ def bench(
                                            "one-shot all-reduce), none, or a list of unfused, stock, "
                                            "stock-nccl, stock-symm, vllm (vLLM's own decode step: its "
                                            "fused_moe kernel, quant and tuned config, symm-mem one-shot "
-                                           "all-reduces; FFNQ_VLLM_DIR names a fetched vLLM tree), vllm-nccl",
+                                           "all-reduces; FFNQ_VLLM_DIR: the folder tools/extract_vllm.py writes), vllm-nccl",
                                            rich_help_panel=JOB)] = "auto",
     routing: Annotated[str, typer.Option(help="the synthetic router: uniform (the experts a width touches as "
                                          "under independent uniform routing, as decode traffic: 8 / 15.8 / 30.5 "

@@ -2,7 +2,7 @@
 quant, SiLU * up + quant, moe_sum) in Triton's interpreter against torch / fp64, and the whole
 step against ffnq.reference on the tiny model: with a stand-in for vLLM's fused_moe_kernel (its
 contract in torch) always, with vLLM's own kernels where FFNQ_VLLM_DIR (or FFNQ_VLLM_MOE) names
-the files third_party/extract_vllm.py writes.
+the files tools/extract_vllm.py writes.
 
 The interpreter is chosen when Triton is imported, so these run only in a process started with
 TRITON_INTERPRET=1; test_baselines_vllm.py starts one (the CI's plain pytest run covers them)."""
@@ -280,7 +280,7 @@ def half_of(full, m, rank):
     return f
 
 
-@pytest.mark.skipif(not HAVE_VLLM, reason="needs FFNQ_VLLM_DIR: vLLM's kernels (third_party/extract_vllm.py)")
+@pytest.mark.skipif(not HAVE_VLLM, reason="needs FFNQ_VLLM_DIR: vLLM's kernels (tools/extract_vllm.py)")
 def test_vllm_quant_kernel_matches_ffnqs():
     q_kernel = V.load_quant()
     assert q_kernel is not None, "FFNQ_VLLM_DIR has no fp8_quant.py"
@@ -298,7 +298,7 @@ def test_vllm_quant_kernel_matches_ffnqs():
     assert ((got * 2 == want) | ((got - want).abs() <= ulp)).all() and bad.float().mean() < 0.1
 
 
-@pytest.mark.skipif(not HAVE_VLLM, reason="needs FFNQ_VLLM_DIR: vLLM's kernels (third_party/extract_vllm.py)")
+@pytest.mark.skipif(not HAVE_VLLM, reason="needs FFNQ_VLLM_DIR: vLLM's kernels (tools/extract_vllm.py)")
 def test_step_with_vllms_kernel_matches_reference(monkeypatch, tiny):
     import triton.runtime.interpreter as ti  # range() over a runtime bound: int() of a 1-element array
 

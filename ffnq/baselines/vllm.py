@@ -31,7 +31,7 @@ closest batch key; else vLLM's get_default_config; ``adopt(sweep(...))`` replace
 of benchmark_moe.py's search space timed on this GPU. ``config_name(width)`` says which ran.
 vLLM 0.34.0 ships no tuned file for MiniMax-M2's TP1/TP2 shapes (E=256, N=1536 / 768).
 
-vLLM's code is not part of ffnq (third_party/extract_vllm.py extracts it, ignored by git):
+vLLM's code is not part of ffnq (tools/extract_vllm.py extracts it, ignored by git):
   FFNQ_VLLM_DIR   a folder holding fused_moe.py (fused_moe_kernel, imports reduced to triton),
                   fp8_quant.py (_per_token_group_quant_fp8; optional: without it ffnq's kernel of
                   the same arithmetic runs), configs/*.json (optional), SOURCE.txt (release)
@@ -76,7 +76,7 @@ def kernel_path() -> Path:
     name = f"{ENV_DIR}/fused_moe.py" if via_dir else ENV
     if not p or not Path(p).is_file():
         raise UsageError(f"--baselines vllm: {name}={p!r} is not a file; set {ENV_DIR} to the folder "
-                         "third_party/extract_vllm.py writes (or FFNQ_VLLM_MOE to its fused_moe.py)")
+                         "tools/extract_vllm.py writes (or FFNQ_VLLM_MOE to its fused_moe.py)")
     if "def fused_moe_kernel(" not in Path(p).read_text():
         raise UsageError(f"--baselines vllm: {name}={p} holds no fused_moe_kernel")
     return Path(p)

@@ -11,7 +11,7 @@ Each variant says what it is (``describe``). Beside its p50, bench reports per w
 the best a vLLM user could ever get), ``glue_us`` (the profiled time of its other kernels: norm,
 router, top-k, quant, alignment, sum) and ``config`` (the launch config each width ran).
 
-Where the fetched vLLM tree has no tuned config file for this expert shape and GPU (vLLM 0.34
+Where the extracted vLLM kernels have no tuned config file for this expert shape and GPU (vLLM 0.34
 ships none for MiniMax-M2's E=256, N=1536 / 768), bench tunes one as a vLLM user does with
 benchmark_moe.py --tune: every config of SWEEP_SPACE timed on this GPU per width, the best kept,
 and written into the fetched tree's configs/ under vLLM's own file name, so a later run (and the
@@ -49,7 +49,7 @@ def sweep_space() -> list[dict]:
 def make(job, names: list[str], sets: list) -> list[tuple[str, list]]:
     """The baselines to time beside the fused step, one per weight set.
     [] or ["auto"]: on cpu the unfused loop; on a GPU (b) ``unfused`` and, at tp > 1, (c)
-    ``stock``. Asked for by name only: (d) ``vllm`` and ``vllm-nccl`` (a fetched vLLM tree)."""
+    ``stock``. Asked for by name only: (d) ``vllm`` and ``vllm-nccl`` (FFNQ_VLLM_DIR: tools/extract_vllm.py)."""
     from ffnq.baselines.stock import Stock
     from ffnq.baselines.unfused import Unfused
 

@@ -1,0 +1,128 @@
+"""Extract the vLLM kernels that bench's `vllm` baseline runs into a folder for FFNQ_VLLM_DIR.
+
+    pip download --no-deps vllm==0.34.0 -d /tmp/vllm          # a wheel (~240 MB), or a clone
+    python tools/extract_vllm.py /tmp/vllm/vllm-0.34.0-*.whl   # writes third_party/vllm
+    export FFNQ_VLLM_DIR=$PWD/third_party/vllm
+
+The folder holds vLLM's own code, unchanged but for its imports (vLLM's code is not part of
+ffnq; third_party/ is ignored by git):
+  fused_moe.py   fused_moe_kernel and the @triton.jit functions it calls (fused_moe.py)
+  fp8_quant.py   _per_token_group_quant_fp8 (quantization/utils/fp8_utils.py)
+  configs/       the tuned launch configs vLLM ships (fused_moe/configs/*.json)
+  SOURCE.txt     where they came from and the release, which bench's report names
+Only the Triton functions are taken, with `import triton` / `import triton.language as tl`
+above them: the rest of vLLM (and its CUDA extensions) is not needed to run them.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
+QUANT = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"
+CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
+VERSION = "vllm/_version.py"
+HEADER = "import triton\nimport triton.language as tl\n"
+
+
+class Refused(Exception):
+    """A source this script cannot take: one line, exit 2, nothing written."""
+
+
+class Source:
+    """A vLLM wheel or source tree, read by path inside it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.zip = zipfile.ZipFile(path) if path.is_file() else None
+        except zipfile.BadZipFile:
+            raise Refused(f"{path} is not a wheel (a zip file) nor a vLLM source tree") from None
+        if self.zip is None and not (path / MOE).is_file():
+            raise Refused(f"{path} is neither a vLLM wheel nor a tree holding {MOE}")
+
+    def names(self) -> list[str]:
+        if self.zip:
+            return self.zip.namelist()
+        return [str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file()]
+
+    def read(self, name: str) -> str | None:
+        if self.zip:
+            return self.zip.read(name).decode() if name in self.zip.namelist() else None
+        p = self.path / name
+        return p.read_text() if p.is_file() else None
+
+
+def jit_closure(src: str, roots: list[str], where: str) -> str:
+    """``roots`` and every top-level function or constant they name, transitively, in source
+    order: one module that needs only triton."""
+    tree = ast.parse(src)
+    defs: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            defs[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Name):
+                    defs[t.id] = node
+    missing = [r for r in roots if r not in defs]
+    if missing:
+        raise Refused(f"{where} defines no {', '.join(missing)} at its top level")
+    want, todo = set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name in want:
+            continue
+        want.add(name)
+        todo += [n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name) and n.id in defs]
+    lines = src.splitlines()
+    nodes = [n for n in tree.body if any(defs.get(k) is n for k in want)]
+    text = ["\n".join(lines[min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])]) - 1:n.end_lineno])
+            for n in nodes]  # with its decorators: @triton.jit
+    return HEADER + "\n\n" + "\n\n\n".join(text) + "\n"
+
+
+def release(source: Source) -> str:
+    text = source.read(VERSION) or ""
+    v = re.search(r"__version__\s*=\s*version\s*=\s*'([^']+)'", text)
+    c = re.search(r"commit_id\s*=\s*'([^']+)'", text)
+    return " ".join(x.group(1) for x in (v, c) if x) or "unknown"
+
+
+def extract(path: Path, out: Path) -> Path:
+    source = Source(path)
+    files = {"fused_moe.py": jit_closure(source.read(MOE) or "", ["fused_moe_kernel"], f"{path}: {MOE}")}
+    quant = source.read(QUANT)
+    if quant and "def _per_token_group_quant_fp8(" in quant:
+        files["fp8_quant.py"] = jit_closure(quant, ["_per_token_group_quant_fp8"], f"{path}: {QUANT}")
+    configs = [n for n in source.names() if n.startswith(CONFIGS) and n.endswith(".json")]
+    files |= {f"configs/{Path(n).name}": source.read(n) for n in configs}
+    files["SOURCE.txt"] = f"source: {path.name}\nrelease: {release(source)}\n"
+    for name, text in files.items():  # only once every file was read
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    print(f"{out}: {', '.join(n for n in files if n.endswith('.py'))}, {len(configs)} configs, "
+          f"vLLM {release(source)}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("source", type=Path, help="a vLLM wheel (.whl) or a vLLM source tree")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "third_party" / "vllm")
+    a = p.parse_args(argv)
+    try:
+        if not a.source.exists():
+            raise Refused(f"{a.source} does not exist; give a vLLM wheel or source tree")
+        extract(a.source, a.out)
+    except Refused as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    main()
