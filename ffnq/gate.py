@@ -41,6 +41,7 @@ the gate's folder holds junit.xml, summary.md, results.csv/json (one row per che
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import tomllib
 from pathlib import Path
@@ -392,6 +393,18 @@ def rebase_gate(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct
     return rebase(cfg, runs, margin_pct, failed, widths, load_gate)
 
 
+@contextlib.contextmanager
+def _the_configs(cfg: dict, i: int, verb: str):
+    """A job's UsageError as the config's: the verb's words name a flag to change ("use
+    --backend cpu"); in a gate the value is the config's job's."""
+    try:
+        yield
+    except UsageError as e:
+        why = re.sub(r" \(use --[^)]*\)$", "", str(e))
+        raise UsageError(f"gate config {cfg['path']}: job {i + 1} ({verb}) asks for {why}; run this gate where "
+                         f"its jobs can run, or pick another in configs/gates/") from None
+
+
 def run_gate(config: str, out: Path, json_out: bool, rebase_margin: float | None = None) -> int:
     """Run a gate; with rebase_margin (a percentage), then rewrite its config from this run
     (ffnq.gate_rebase): exit 0 once rebased, whatever its budgets said of this run."""
@@ -405,18 +418,15 @@ def run_gate(config: str, out: Path, json_out: bool, rebase_margin: float | None
         check_rebase(cfg)
     jobs = []  # every job validated before any runs
     for i, (verb, o) in enumerate(cfg["jobs"]):
-        try:
+        with _the_configs(cfg, i, verb):
             jobs.append((verb, job_options(o, verb)))
-        except UsageError as e:  # the verb's words name a flag; here the value is the config's
-            why = re.sub(r" \(use --[^)]*\)$", "", str(e))
-            raise UsageError(f"gate config {cfg['path']}: job {i + 1} ({verb}) asks for {why}; run this gate where "
-                             f"its jobs can run, or pick another in configs/gates/") from None
     check_device(cfg, jobs)
     t0 = time.monotonic()
     rows, runs = [], []
     runners = {"warm": run_warm, "qualify": run_qualify, "bench": run_bench, "soak": run_soak}
-    for verb, opts in jobs:
-        table, path = runners[verb](opts, out, json_out)
+    for i, (verb, opts) in enumerate(jobs):
+        with _the_configs(cfg, i, verb):  # what a job refuses as it runs (a GPU, vLLM's kernels)
+            table, path = runners[verb](opts, out, json_out)
         runs.append((verb, table, str(path)))
         rows += checks(verb, table, cfg["thresholds"], str(path))
         if verb in cfg["compare"]:

@@ -408,3 +408,29 @@ def test_the_cpu_gate_fails_an_intermittent_and_a_one_rank_fault(tmp_path, name,
     assert got["soak clean"]["result"] == "FAIL", got["soak clean"]
     if name == "OneRankScaled":
         assert " 0 disagreements" not in got["soak clean"]["value"], got["soak clean"]
+
+
+def test_a_job_refusing_as_it_runs_is_the_configs_and_other_errors_pass_unchanged(tmp_path, monkeypatch):
+    """A job's UsageError while it runs (vLLM's kernels missing, no GPU) names the config and
+    its job, not a flag; an error the gate's own steps raise keeps its words."""
+    import ffnq.verbs as verbs
+    from ffnq.gate import run_gate
+
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(SMALL.replace("{P50}", "1"))
+
+    def refuse(opts, out, json_out):
+        raise UsageError("--baselines vllm: FFNQ_VLLM_DIR='' is not a file (use --baselines unfused)")
+    monkeypatch.setattr(verbs, "run_qualify", refuse)
+    with pytest.raises(UsageError) as e:
+        run_gate(str(cfg), tmp_path / "out", False)
+    assert str(e.value) == (f"gate config {cfg}: job 1 (qualify) asks for --baselines vllm: FFNQ_VLLM_DIR='' is "
+                            "not a file; run this gate where its jobs can run, or pick another in configs/gates/")
+
+    import ffnq.gate as gate
+
+    monkeypatch.setattr(verbs, "run_qualify", lambda opts, out, json_out: (pd.DataFrame(), tmp_path / "q"))
+    monkeypatch.setattr(gate, "checks", lambda *a: (_ for _ in ()).throw(UsageError("report q: schema_version 0")))
+    with pytest.raises(UsageError) as e:
+        run_gate(str(cfg), tmp_path / "out", False)
+    assert str(e.value) == "report q: schema_version 0"
