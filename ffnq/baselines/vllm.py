@@ -31,7 +31,7 @@ closest batch key; else vLLM's get_default_config; ``adopt(sweep(...))`` replace
 of benchmark_moe.py's search space timed on this GPU. ``config_name(width)`` says which ran.
 vLLM 0.34.0 ships no tuned file for MiniMax-M2's TP1/TP2 shapes (E=256, N=1536 / 768).
 
-vLLM's code is not part of ffnq (tools/extract_vllm.py extracts it, ignored by git):
+vLLM's code is not part of ffnq (tools/extract_vllm.py writes it to third_party/vllm, ignored by git):
   FFNQ_VLLM_DIR   a folder holding fused_moe.py (fused_moe_kernel, imports reduced to triton),
                   fp8_quant.py (_per_token_group_quant_fp8; optional: without it ffnq's kernel of
                   the same arithmetic runs), configs/*.json (optional), SOURCE.txt (release)
