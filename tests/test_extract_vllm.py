@@ -1,6 +1,7 @@
 """tools/extract_vllm.py on a stand-in vLLM (a tree and the same files as a wheel): the folder it
 writes is what bench's vllm baseline loads, and needs nothing of vLLM but triton."""
 import importlib.util
+import json
 import subprocess
 import sys
 import zipfile
@@ -115,4 +116,42 @@ def test_a_source_that_is_not_vllm_is_one_line_and_writes_nothing(tmp_path, what
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "extract_vllm.py"), str(src), "--out", str(tmp_path / "out")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and str(src) in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def report(folder: Path, configs: list) -> Path:
+    rows = [{"width": w, "p50_us": 50.0, "vllm_config": c} for w, c in configs]
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"job": "bench", "tables": {"results": rows}}))
+    return folder
+
+
+def test_configs_from_a_report_are_the_tuned_files_its_vllm_ran(tmp_path, monkeypatch):
+    """--configs-from: a rerun times vLLM with the launch configs of the report it reproduces."""
+    from ffnq.baselines import vllm as V
+    rep = report(tmp_path / "ref", [
+        (1, f"vLLM tuned {CONFIG} key 1: BLOCK_SIZE_M=16,BLOCK_SIZE_N=128,num_stages=4"),
+        (3, f"vLLM tuned {CONFIG} key 2: BLOCK_SIZE_M=16,BLOCK_SIZE_N=64,num_stages=3"),
+        (16, "vLLM get_default_config(M=16) (no tuned x.json): BLOCK_SIZE_M=16"),  # not a tuned file: skipped
+    ])
+    out = X.extract(tree(tmp_path / "src"), tmp_path / "out", [rep])
+    tuned = json.loads((out / "configs" / CONFIG).read_text())
+    assert tuned == {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "num_stages": 4},
+                     "2": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "num_stages": 3}}  # the report's, not vLLM's file
+    monkeypatch.setenv(V.ENV_DIR, str(out))
+    assert V.closest({int(k): v for k, v in tuned.items()}, 3) == 2
+
+
+def test_the_shipped_h100_reference_gives_its_vllm_configs(tmp_path):
+    out = X.extract(tree(tmp_path / "src"), tmp_path / "out", [ROOT / "configs" / "gates" / "ref" / "h100-tp1-bench"])
+    name = "E=256,N=1536,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json"
+    assert sorted(json.loads((out / "configs" / name).read_text()), key=int) == ["1", "2", "4", "8", "16"]
+
+
+@pytest.mark.parametrize("rows", [[], [(1, f"vLLM tuned {CONFIG} key 1: BLOCK_SIZE_M=sixteen")]])
+def test_a_report_without_tuned_vllm_configs_is_refused_before_anything_is_written(tmp_path, rows):
+    rep = report(tmp_path / "ref", rows)
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "extract_vllm.py"), str(tree(tmp_path / "src")),
+                        "--configs-from", str(rep), "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and str(rep) in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()

@@ -4,6 +4,11 @@
     python tools/extract_vllm.py /tmp/vllm/vllm-0.34.0-*.whl   # writes third_party/vllm
     export FFNQ_VLLM_DIR=$PWD/third_party/vllm
 
+vLLM ships no tuned launch config for MiniMax-M2's expert shapes, so bench's first vLLM run on a
+GPU sweeps benchmark_moe.py's space (minutes) and writes one into that folder. `--configs-from
+REPORT` writes instead the configs a bench report's vLLM ran (e.g. configs/gates/ref/h100-tp1-bench):
+a rerun then times vLLM as that run did.
+
 The folder holds vLLM's own code, unchanged but for its imports (vLLM's code is not part of
 ffnq; third_party/ is ignored by git):
   fused_moe.py   fused_moe_kernel and the @triton.jit functions it calls (fused_moe.py)
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 import sys
 import zipfile
@@ -93,7 +99,33 @@ def release(source: Source) -> str:
     return " ".join(x.group(1) for x in (v, c) if x) or "unknown"
 
 
-def extract(path: Path, out: Path) -> Path:
+TUNED = re.compile(r"vLLM tuned (E=[^ ]+\.json) key (\d+): (.+)")
+
+
+def tuned_configs(report: Path) -> dict[str, dict]:
+    """vLLM tuned files (name -> {batch key: config}) from the `vllm_config` column of a bench
+    report's results.json, as its vLLM baseline ran them."""
+    f = report / "results.json"
+    try:
+        rows = json.loads(f.read_text())["tables"]["results"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise Refused(f"--configs-from {report}: no bench results.json there ({e})") from None
+    files: dict[str, dict] = {}
+    for r in rows:
+        m = TUNED.fullmatch(str(r.get("vllm_config") or ""))
+        if m:
+            try:
+                cfg = {k: int(v) for k, v in (kv.split("=", 1) for kv in m.group(3).split(","))}
+            except ValueError:
+                raise Refused(f"--configs-from {report}: width {r.get('width')}: vllm_config {m.group(3)!r} is not "
+                              "KEY=int,...") from None
+            files.setdefault(m.group(1), {})[m.group(2)] = cfg
+    if not files:
+        raise Refused(f"--configs-from {report}: no row ran vLLM from a tuned file (vllm_config 'vLLM tuned ...')")
+    return files
+
+
+def extract(path: Path, out: Path, reports: list[Path] = ()) -> Path:
     source = Source(path)
     files = {"fused_moe.py": jit_closure(source.read(MOE) or "", ["fused_moe_kernel"], f"{path}: {MOE}")}
     quant = source.read(QUANT)
@@ -101,11 +133,15 @@ def extract(path: Path, out: Path) -> Path:
         files["fp8_quant.py"] = jit_closure(quant, ["_per_token_group_quant_fp8"], f"{path}: {QUANT}")
     configs = [n for n in source.names() if n.startswith(CONFIGS) and n.endswith(".json")]
     files |= {f"configs/{Path(n).name}": source.read(n) for n in configs}
+    for report in reports:
+        for name, cfgs in tuned_configs(report).items():
+            files[f"configs/{name}"] = json.dumps(dict(sorted(cfgs.items(), key=lambda kv: int(kv[0]))), indent=1) + "\n"
     files["SOURCE.txt"] = f"source: {path.name}\nrelease: {release(source)}\n"
     for name, text in files.items():  # only once every file was read
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
-    print(f"{out}: {', '.join(n for n in files if n.endswith('.py'))}, {len(configs)} configs, "
+    taken = f", tuned by {len(reports)} report(s)" if reports else ""
+    print(f"{out}: {', '.join(n for n in files if n.endswith('.py'))}, {len(configs)} configs{taken}, "
           f"vLLM {release(source)}")
     return out
 
@@ -113,12 +149,14 @@ def extract(path: Path, out: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("source", type=Path, help="a vLLM wheel (.whl) or a vLLM source tree")
+    p.add_argument("--configs-from", type=Path, action="append", default=[], metavar="REPORT",
+                   help="a bench report whose vLLM launch configs to write as vLLM's tuned files")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "third_party" / "vllm")
     a = p.parse_args(argv)
     try:
         if not a.source.exists():
             raise Refused(f"{a.source} does not exist; give a vLLM wheel or source tree")
-        extract(a.source, a.out)
+        extract(a.source, a.out, a.configs_from)
     except Refused as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
