@@ -160,8 +160,9 @@ def test_tuned_file_is_read_at_the_closest_batch_key(no_vllm_env, tmp_path):
     assert [st.config(s)["BLOCK_SIZE_M"] for s in (1, 2, 3, 9, 11, 16)] == [16, 16, 32, 32, 64, 64]
     assert st.config_name(3).startswith(f"vLLM tuned {name} key 4: BLOCK_SIZE_M=32")
     st.adopt({3: ({**cfg["1"], "num_stages": 5}, 12.5)}, 320)
-    assert st.config(3)["num_stages"] == 5 and "sweep of 320 benchmark_moe.py configs" in st.config_name(3)
-    assert f"config sweep of 320 benchmark_moe.py configs / vLLM tuned {name}, per width" in st.describe
+    assert st.config(3)["num_stages"] == 5
+    assert st.config_name(3).startswith(f"sweep of 320 benchmark_moe.py configs for {name}, best at M=3 (12.5 us): ")
+    assert f"config sweep of 320 benchmark_moe.py configs for {name} / vLLM tuned {name}, per width" in st.describe
     no_vllm_env.setenv(V.ENV_CONFIG, '{"BLOCK_SIZE_M": 64}')
     st = V.VllmMoe(w, m, 1, Experts.ALL, "cpu", kernel=NoLaunch(), quant=None)
     assert st.config(1)["BLOCK_SIZE_M"] == 64 and st.config_name(1).startswith(V.ENV_CONFIG)

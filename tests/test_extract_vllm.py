@@ -132,12 +132,14 @@ def test_configs_from_a_report_are_the_tuned_files_its_vllm_ran(tmp_path, monkey
     rep = report(tmp_path / "ref", [
         (1, f"vLLM tuned {CONFIG} key 1: BLOCK_SIZE_M=16,BLOCK_SIZE_N=128,num_stages=4"),
         (3, f"vLLM tuned {CONFIG} key 2: BLOCK_SIZE_M=16,BLOCK_SIZE_N=64,num_stages=3"),
+        (8, f"sweep of 320 benchmark_moe.py configs for {CONFIG}, best at M=8 (212.5 us): BLOCK_SIZE_M=16,num_stages=2"),
         (16, "vLLM get_default_config(M=16) (no tuned x.json): BLOCK_SIZE_M=16"),  # not a tuned file: skipped
     ])
     out = X.extract(tree(tmp_path / "src"), tmp_path / "out", [rep])
     tuned = json.loads((out / "configs" / CONFIG).read_text())
     assert tuned == {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "num_stages": 4},
-                     "2": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "num_stages": 3}}  # the report's, not vLLM's file
+                     "2": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "num_stages": 3},
+                     "8": {"BLOCK_SIZE_M": 16, "num_stages": 2}}  # the report's, not vLLM's file
     monkeypatch.setenv(V.ENV_DIR, str(out))
     assert V.closest({int(k): v for k, v in tuned.items()}, 3) == 2
 

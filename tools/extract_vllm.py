@@ -99,7 +99,9 @@ def release(source: Source) -> str:
     return " ".join(x.group(1) for x in (v, c) if x) or "unknown"
 
 
-TUNED = re.compile(r"vLLM tuned (E=[^ ]+\.json) key (\d+): (.+)")
+# a vllm_config cell: a tuned file's batch key, or bench's sweep for that file at one width
+TUNED = re.compile(r"(?:vLLM tuned (E=[^ ]+\.json) key (\d+)|sweep of \d+ benchmark_moe\.py configs for "
+                   r"(E=[^ ]+\.json), best at M=(\d+) \([\d.]+ us\)): (.+)")
 
 
 def tuned_configs(report: Path) -> dict[str, dict]:
@@ -114,14 +116,15 @@ def tuned_configs(report: Path) -> dict[str, dict]:
     for r in rows:
         m = TUNED.fullmatch(str(r.get("vllm_config") or ""))
         if m:
+            name, key, text = m.group(1) or m.group(3), m.group(2) or m.group(4), m.group(5)
             try:
-                cfg = {k: int(v) for k, v in (kv.split("=", 1) for kv in m.group(3).split(","))}
+                cfg = {k: int(v) for k, v in (kv.split("=", 1) for kv in text.split(","))}
             except ValueError:
-                raise Refused(f"--configs-from {report}: width {r.get('width')}: vllm_config {m.group(3)!r} is not "
+                raise Refused(f"--configs-from {report}: width {r.get('width')}: vllm_config {text!r} is not "
                               "KEY=int,...") from None
-            files.setdefault(m.group(1), {})[m.group(2)] = cfg
+            files.setdefault(name, {})[key] = cfg
     if not files:
-        raise Refused(f"--configs-from {report}: no row ran vLLM from a tuned file (vllm_config 'vLLM tuned ...')")
+        raise Refused(f"--configs-from {report}: no row ran vLLM from a tuned file or bench's sweep (vllm_config)")
     return files
 
 

@@ -251,7 +251,8 @@ class VllmMoe:
         """Take ``sweep``'s result: width -> (config, us)."""
         n = f"{space_size} " if space_size else ""
         for s, (cfg, us) in best.items():
-            self.set_config(s, cfg, f"sweep of {n}benchmark_moe.py configs, best at M={s} ({us:.1f} us)")
+            # the file named: tools/extract_vllm.py --configs-from writes it back from a report
+            self.set_config(s, cfg, f"sweep of {n}benchmark_moe.py configs for {self.file}, best at M={s} ({us:.1f} us)")
 
     @property
     def describe(self) -> str:
