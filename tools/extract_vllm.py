@@ -48,17 +48,18 @@ class Source:
             self.zip = zipfile.ZipFile(path) if path.is_file() else None
         except zipfile.BadZipFile:
             raise Refused(f"{path} is not a wheel (a zip file) nor a vLLM source tree") from None
+        self.members = set(self.zip.namelist()) if self.zip else set()  # one listing, not one a read
         if self.zip is None and not (path / MOE).is_file():
             raise Refused(f"{path} is neither a vLLM wheel nor a tree holding {MOE}")
 
     def names(self) -> list[str]:
         if self.zip:
-            return self.zip.namelist()
+            return sorted(self.members)
         return [str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file()]
 
     def read(self, name: str) -> str | None:
         if self.zip:
-            return self.zip.read(name).decode() if name in self.zip.namelist() else None
+            return self.zip.read(name).decode() if name in self.members else None
         p = self.path / name
         return p.read_text() if p.is_file() else None
 
@@ -139,13 +140,14 @@ def extract(path: Path, out: Path, reports: list[Path] = ()) -> Path:
     for report in reports:
         for name, cfgs in tuned_configs(report).items():
             files[f"configs/{name}"] = json.dumps(dict(sorted(cfgs.items(), key=lambda kv: int(kv[0]))), indent=1) + "\n"
-    files["SOURCE.txt"] = f"source: {path.name}\nrelease: {release(source)}\n"
+    version = release(source)
+    files["SOURCE.txt"] = f"source: {path.name}\nrelease: {version}\n"
     for name, text in files.items():  # only once every file was read
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
     taken = f", tuned by {len(reports)} report(s)" if reports else ""
     print(f"{out}: {', '.join(n for n in files if n.endswith('.py'))}, {len(configs)} configs{taken}, "
-          f"vLLM {release(source)}")
+          f"vLLM {version}")
     return out
 
 
