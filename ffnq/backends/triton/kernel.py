@@ -124,6 +124,7 @@ from ffnq.backends.triton.sync import (F_EPOCH, F_VALID, PH_HANDSHAKE, PH_REDUCE
 from ffnq.backends.triton.tiles import (_bf16, _fp8, _fr_rows, _fr_weights, _mma_sc, _post_norm_all, _store_route, _store_x,
     _topk, _xsig, _xsig_of)
 from ffnq.backends.triton.items import _claim, _next_item, _s2_header
+from ffnq.backends.triton.prefetch import _prefetch_item
 
 
 @triton.jit(do_not_specialize=["rank", "first_expert"])
@@ -150,7 +151,7 @@ def ffn_kernel(
     DOWN_TILE: tl.constexpr, DOWN_KSPLIT: tl.constexpr, DOWN_STAGES: tl.constexpr, DOWN_COLS: tl.constexpr,
     DOWN_FP8: tl.constexpr, DOWN_ACT_TERMS: tl.constexpr, PACKED_W2: tl.constexpr, W2_PACK_ROWS: tl.constexpr,
     # schedule
-    WORK_QUEUE: tl.constexpr, EARLY_HEADER: tl.constexpr, EARLY_WEIGHTS: tl.constexpr, EARLY_SEAM_READS: tl.constexpr,
+    WORK_QUEUE: tl.constexpr, PREFETCH_AHEAD: tl.constexpr, EARLY_HEADER: tl.constexpr, EARLY_WEIGHTS: tl.constexpr, EARLY_SEAM_READS: tl.constexpr,
     EARLY_FAULT_WORDS: tl.constexpr, LOGIT_FMA_ROWS: tl.constexpr, FULL_ROWS: tl.constexpr,
     SUM_OWN_SLOTS: tl.constexpr, SUM_AS_DONE: tl.constexpr, SUM_BATCH: tl.constexpr, SORT_TOPK: tl.constexpr,
     # protocol
@@ -525,6 +526,12 @@ def ffn_kernel(
             # UP_KSPLIT > 1 the last arriver of a (j, t) sums the parts in ks order (deterministic)
             # and finishes the tile
             n_items = n_active * (UP_TILES * UP_KSPLIT)
+            if PREFETCH_AHEAD > 1:  # the CTA's first PREFETCH_AHEAD - 1 items into L2 (every BLOCKS-th)
+                pend = n_items + n_active * (DOWN_TILES * DOWN_KSPLIT)
+                for d in tl.static_range(PREFETCH_AHEAD - 1):
+                    _prefetch_item(pid + d * BLOCKS, n_items, pend, ecta, w13, w2, first_expert, HIDDEN, INTER,
+                                   EXPERT_MODE, UP_TILE, UP_KSPLIT, PACKED_W13, DOWN_TILE, DOWN_KSPLIT, PACKED_W2,
+                                   W2_PACK_ROWS, IS_HIP, INTERP)
             X_PARTS: tl.constexpr = X_TERMS if FP8_X else 2  # x terms: X_TERMS fp8 or fp16 hi + lo
             # UP_COLS token columns per term (UP_COLS >= TOKENS; X_PARTS x UP_COLS >= 16, tl.dot's least N)
             rq = tl.arange(0, UP_COLS)
@@ -548,6 +555,11 @@ def ffn_kernel(
                 hej = tl.load(ecta + w // (UP_KSPLIT * UP_TILES), mask=w < n_items, other=0)
             while w < n_items:
                 nxt = _claim(sync + QUEUE_AT, WORK_QUEUE)  # WORK_QUEUE: whichever ticket is free now
+                if PREFETCH_AHEAD:  # this item's (1) or a later one's bytes into L2, ahead of the loop's loads
+                    _prefetch_item(w + (PREFETCH_AHEAD - 1) * BLOCKS, n_items,
+                                   n_items + n_active * (DOWN_TILES * DOWN_KSPLIT), ecta, w13, w2, first_expert,
+                                   HIDDEN, INTER, EXPERT_MODE, UP_TILE, UP_KSPLIT, PACKED_W13, DOWN_TILE, DOWN_KSPLIT,
+                                   PACKED_W2, W2_PACK_ROWS, IS_HIP, INTERP)
                 jt = w // UP_KSPLIT
                 kb = (w % UP_KSPLIT) * UP_K_PART
                 j = jt // UP_TILES
@@ -691,6 +703,10 @@ def ffn_kernel(
             # last round's items are the tail of the phase; a part is 1/DOWN_KSPLIT of the bytes),
             # partials summed in phase E
             while w < wend:
+                if PREFETCH_AHEAD:  # before the wait for the item's act: w2 does not depend on it
+                    _prefetch_item(w + (PREFETCH_AHEAD - 1) * BLOCKS, n1, wend, ecta, w13, w2, first_expert, HIDDEN,
+                                   INTER, EXPERT_MODE, UP_TILE, UP_KSPLIT, PACKED_W13, DOWN_TILE, DOWN_KSPLIT,
+                                   PACKED_W2, W2_PACK_ROWS, IS_HIP, INTERP)
                 j = (w - n1) // (DOWN_TILES * DOWN_KSPLIT)
                 t = (w - n1) % (DOWN_TILES * DOWN_KSPLIT) // DOWN_KSPLIT
                 kh = (w - n1) % DOWN_KSPLIT
