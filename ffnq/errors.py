@@ -20,7 +20,13 @@ def shown(value, n: int = SHOWN_CHARS) -> str:
 
 
 class UsageError(ValueError):
-    """Bad input: one line naming the value and what is allowed. The CLI exits 2 on it."""
+    """Bad input: one line naming the value and what is allowed. The CLI exits 2 on it. ``use``: the
+    flag to change, said after the line as "(use --backend cpu)"; ``what`` is the line without it
+    (a gate's job names its config's value, not a flag)."""
+
+    def __init__(self, what: str, use: str | None = None):
+        self.what = what
+        super().__init__(f"{what} (use {use})" if use else what)
 
 
 class RankFault(RuntimeError):

@@ -42,7 +42,6 @@ the gate's folder holds junit.xml, summary.md, results.csv/json (one row per che
 from __future__ import annotations
 
 import contextlib
-import re
 import tomllib
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
@@ -395,12 +394,12 @@ def rebase_gate(cfg: dict, runs: list[tuple[str, pd.DataFrame, str]], margin_pct
 
 @contextlib.contextmanager
 def _the_configs(cfg: dict, i: int, verb: str):
-    """A job's UsageError as the config's: the verb's words name a flag to change ("use
-    --backend cpu"); in a gate the value is the config's job's."""
+    """A job's UsageError as the config's: the verb's words name a flag to change (its ``use``);
+    in a gate the value is the config's job's."""
     try:
         yield
     except UsageError as e:
-        why = re.sub(r" \(use --[^)]*\)$", "", str(e))
+        why = e.what
         raise UsageError(f"gate config {cfg['path']}: job {i + 1} ({verb}) asks for {why}; run this gate where "
                          f"its jobs can run, or pick another in configs/gates/") from None
 

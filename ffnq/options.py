@@ -209,7 +209,7 @@ class JobOptions:
             raise UsageError(f"--tp {self.tp}: TRITON_INTERPRET=1 (triton on the cpu) runs one rank only")
         if self.gpu and not interp:
             if not torch.cuda.is_available():
-                raise UsageError(f"--backend {self.backend}: needs a GPU and this host has none (use --backend cpu)")
+                raise UsageError(f"--backend {self.backend}: needs a GPU and this host has none", use="--backend cpu")
             if per_node > torch.cuda.device_count():
                 raise UsageError(f"--tp {self.tp}: {per_node} ranks on this host but only "
                                  f"{torch.cuda.device_count()} GPU(s)")

@@ -420,7 +420,7 @@ def test_a_job_refusing_as_it_runs_is_the_configs_and_other_errors_pass_unchange
     cfg.write_text(SMALL.replace("{P50}", "1"))
 
     def refuse(opts, out, json_out):
-        raise UsageError("--baselines vllm: FFNQ_VLLM_DIR='' is not a file (use --baselines unfused)")
+        raise UsageError("--baselines vllm: FFNQ_VLLM_DIR='' is not a file", use="--baselines unfused")
     monkeypatch.setattr(verbs, "run_qualify", refuse)
     with pytest.raises(UsageError) as e:
         run_gate(str(cfg), tmp_path / "out", False)

@@ -94,7 +94,7 @@ def offline(backend: str, runner: str | None, model: str, tp: int, experts: str,
         be = "triton"
     if be not in ("triton", "flydsl"):
         raise UsageError(f"offline residency for {be}/{target} not available: only the triton and flydsl "
-                         f"backends have one (use --backend triton or flydsl)")
+                         f"backends have one", use="--backend triton or flydsl")
     spec = load_model(model)
     try:
         mode = Experts(experts)

@@ -200,7 +200,7 @@ class TritonRunner(Runner):
         if _interp():
             return torch.device("cpu")
         if not torch.cuda.is_available():
-            raise UsageError("--backend triton: needs a GPU and this host has none (use --backend cpu)")
+            raise UsageError("--backend triton: needs a GPU and this host has none", use="--backend cpu")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
 
