@@ -145,19 +145,6 @@ def test_fp8_stage_two_on_nvidia(monkeypatch):
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "EARLY_HEADER=4")
     with pytest.raises(ValueError, match=r"EARLY_HEADER=4: allowed 0 \(off\), 1 \(stage 2\), 2 \(stage 1\) or 3"):
         G.geometry(keys[1])
-    # PREFETCH_AHEAD: off by default; ahead of the current item only where items are every BLOCKS-th
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    assert {G.geometry(k)["PREFETCH_AHEAD"] for k in keys.values()} == {0}
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PREFETCH_AHEAD=3")
-    assert G.geometry(keys[1])["PREFETCH_AHEAD"] == 3
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PREFETCH_AHEAD=5")
-    with pytest.raises(ValueError, match=r"PREFETCH_AHEAD=5: allowed 0 \(off\) or 1-4"):
-        G.geometry(keys[1])
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PREFETCH_AHEAD=2,WORK_QUEUE=1")
-    with pytest.raises(ValueError, match="PREFETCH_AHEAD=2: allowed 0 or 1 with WORK_QUEUE=1"):
-        G.geometry(keys[1])
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PREFETCH_AHEAD=1,WORK_QUEUE=1")
-    assert G.geometry(keys[1])["PREFETCH_AHEAD"] == 1
     # WORK_QUEUE carries each CTA's claimed stage-2 item between staged launches: a second meta word per CTA
     monkeypatch.setenv("FFNQ_TRITON_TUNE", "WORK_QUEUE=1")
     assert scratch_layout(keys[8], G.scratch_extra(keys[8]))["meta"].nbytes == 2 * 4 * keys[8].blocks

@@ -47,21 +47,6 @@ def test_table_rows(tables, target):
             assert r["mma"].startswith("v_mfma")
 
 
-@pytest.mark.slow
-def test_prefetch_is_sm90_bulk_prefetch_only(monkeypatch):
-    """PREFETCH_AHEAD=2 puts the bulk L2 prefetch (prefetch.py) in the sm_90 build at the router's
-    end and at each item of both stages; off by default; CDNA and the interpreter take none."""
-    spec = load_model("tiny")
-    key = offline.build_key(spec, 1, Experts.ALL, 2)
-    pf = "cp.async.bulk.prefetch.L2.global"
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "")
-    assert pf not in offline.compile_key(key, "sm_90").asm["ptx"]
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "PREFETCH_AHEAD=2")
-    assert offline.compile_key(key, "sm_90").asm["ptx"].count(pf) >= 3
-    assert offline.constexprs_for(key, hip=True)["PREFETCH_AHEAD"] == 0
-    assert offline.constexprs_for(key, hip=False, interp=True)["PREFETCH_AHEAD"] == 2  # the helper skips it
-
-
 def test_grid_too_large_is_not_resident():
     spec = load_model("tiny")
     rows = offline.offline_table(spec, 1, Experts.ALL, "sm_90", widths=[2], blocks=4096, jobs=1)

@@ -69,9 +69,9 @@ def _allowed(key: str, value: int, allowed, meaning: str) -> int:
 # gives each build as it asks)
 MEASURED_KEYS = frozenset({
     "CTAS_PER_SM", "DOWN_KSPLIT", "DOWN_STAGES", "DOWN_TILE", "EARLY_HEADER", "EARLY_WEIGHTS", "LOGIT_FMA_ROWS",
-    "MAXNREG", "PACKED_W13", "PACKED_W2", "PREFETCH_AHEAD", "ROW_PICK_FROM", "ROW_PICK_MAX_CTAS", "SUM_BATCH",
-    "SUM_OWN_SLOTS", "UP_KSPLIT", "UP_KSPLIT_FIXUP", "UP_NARROW_FROM", "UP_STAGES", "UP_STAGES_NARROW", "UP_TILE",
-    "W2_PACK_ROWS", "WORK_QUEUE", "X_TERMS",
+    "MAXNREG", "PACKED_W13", "PACKED_W2", "ROW_PICK_FROM", "ROW_PICK_MAX_CTAS", "SUM_BATCH", "SUM_OWN_SLOTS", "UP_KSPLIT",
+    "UP_KSPLIT_FIXUP", "UP_NARROW_FROM", "UP_STAGES", "UP_STAGES_NARROW", "UP_TILE", "W2_PACK_ROWS", "WORK_QUEUE",
+    "X_TERMS",
 })
 
 
@@ -257,17 +257,6 @@ def geometry(key) -> dict:
     # against 267.0 us at 16 tokens, 1-3% at 4-14; nothing to even out where a stage's items fit
     # one round, 1-2 tokens)
     dq = _allowed("WORK_QUEUE", tune.get("WORK_QUEUE", 0), (0, 1), "0 (every BLOCKS-th item) or 1 (one counter)")
-    # PREFETCH_AHEAD: a CTA hands its items' weight bytes to the copy engine's L2 prefetch
-    # (prefetch.py): at each item's start the item PREFETCH_AHEAD - 1 ahead of it (a stage-2
-    # item's before its wait for the act), the first ones at the router's end. A CTA's own loads
-    # keep at most UP_STAGES K steps in flight (~12-14 GB/s a CTA at one token); the prefetch
-    # has no such cap. Ahead of the current item only with every BLOCKS-th item (a queue's next
-    # item is not known)
-    pfa = _allowed("PREFETCH_AHEAD", tune.get("PREFETCH_AHEAD", 0), (0, 1, 2, 3, 4),
-                   "0 (off) or 1-4 (the item itself up to three ahead)")
-    if pfa > 1 and dq:
-        raise ValueError(f"FFNQ_TRITON_TUNE PREFETCH_AHEAD={pfa}: allowed 0 or 1 with WORK_QUEUE=1 (a queue's "
-                         f"next item is not known ahead)")
     # DOWN_MIN_COLS: stage 2's act token columns per term are at least this many. With two terms, 4
     # makes the MMA's N 8, which Triton 3.6 lowers to fp16 mma.sync behind a conversion of every w2
     # code (1-4 tokens); 8 gives N = 16 and the fp8 wgmma, measured no faster (47.0 against 46.8 us
@@ -316,8 +305,7 @@ def geometry(key) -> dict:
                  FENCE=bool(tune.get("FENCE", 1)), SORT_TOPK=_sort_topk(tune),
                  TAGGED_WORDS=bool(tune.get("TAGGED_WORDS", 1)), EARLY_SEAM_READS=bool(tune.get("EARLY_SEAM_READS", 1)),
                  LOGIT_FMA_ROWS=plr, SOLO=solo, FULL_ROWS=fr, DOWN_KSPLIT=kh, DOWN_FP8=a8, DOWN_ACT_TERMS=a8t,
-                 WORK_QUEUE=dq, PREFETCH_AHEAD=pfa if i_r else 0, EARLY_HEADER=hp,
-                 DOWN_COLS=min(16, max(_p2(key.tokens), sq2)),
+                 WORK_QUEUE=dq, EARLY_HEADER=hp, DOWN_COLS=min(16, max(_p2(key.tokens), sq2)),
                  EARLY_FAULT_WORDS=bool(tune.get("EARLY_FAULT_WORDS", 0)), X_TERMS=x8t,
                  EARLY_WEIGHTS=bool(tune.get("EARLY_WEIGHTS", int(key.tp == 1))), PACKED_W13=pk if i_r else 0,
                  PACKED_W2=pk2, W2_PACK_ROWS=w2r if pk2 else 0)
@@ -410,7 +398,6 @@ def constexprs(key, layout: dict, peer: dict, is_hip: bool, interp: bool = False
         # weights (FP8_X compiles there to fp16 MFMAs behind conversions); gfx950 has OCP fp8 MFMAs
         # but no run yet: CDNA keeps the fp16 path (exact fp8 -> fp16 codes, scale on the product)
         g["FP8_X"], g["DOWN_FP8"], g["PACKED_W2"] = False, 0, 0
-        g["PREFETCH_AHEAD"] = 0  # cp.async.bulk.prefetch is sm_90 PTX
         g["UP_COLS"] = max(g["UP_COLS"], 8)  # two fp16 x terms: N = 2 x UP_COLS >= 16
         if key.tp > 1:
             # TP2's partial logits as FMAs over 16 rows took 260 VGPRs at 14-15 tokens on gfx950:

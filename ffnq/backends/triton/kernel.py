@@ -82,7 +82,6 @@ GPU pair: one TP2 rank's build timed on one GPU); "a vs b" is the choice against
 | W2_PACK_ROWS | rows of the packed w2's tiles (PACKED_W2); a DOWN_TILE below it reads its rows of each block | 128 | one packed w2 for every width: 64-row items (1-2 tokens) read 4 KB of each [128, UP_TILE] block, so a runner serving 1-16 tokens keeps one w2 copy, not two (minimax-m2 TP1: 1.2 GB a weight set); on an H100 56.7 / 90.8-91.3 vs 56.6-56.7 / 91.1 us at 1 / 2 tokens with 64-row packs |
 | DOWN_MIN_COLS | least act token columns per term in stage 2 | 4 | 8 (N = 16: the fp8 wgmma at 1-4 tokens) was 47.0 vs 46.8 us at 1 token: stage 2 is bound by its bytes in flight |
 | WORK_QUEUE | a CTA's items after its first from one counter for both stages | 0; table 1 at 3-16 tokens (TP1, TP2) | a CTA slowed by its SM's share of the HBM takes fewer: 263.1 vs 267.0 us at 16 tokens, 1-3% at 4-14; no gain where a stage's items fit one round (1-2) |
-| PREFETCH_AHEAD | a CTA hands an item's weight bytes to sm_90's bulk L2 prefetch (prefetch.py): at each item's start the item PREFETCH_AHEAD - 1 ahead (a stage-2 item's before its wait for the act), the first ones at the router's end | 0 | a CTA's loads keep UP_STAGES K steps in flight; the copy engine has no such cap. Not yet timed on a GPU |
 | EARLY_HEADER | an item's header read at the end of the item before (bit 0: stage 2, bit 1: stage 1) | 0; table 3 at TP1 5-16 | 0-0.4% faster at every width 5-16 (251.4 vs 252.0 us at 16), never slower |
 | PACKED_W13 | stage 1 reads w13 tile-packed by the runner (runner.packed_w13) | 1; table 0 at 1 token | each K step's gate and up blocks one contiguous 16 KB: 4-6% faster loop on an H100 (354.0 vs 364.9 us at 16); one token on an H200 45.2 as given vs 46.6 packed |
 | LOGIT_FMA_ROWS | phase A's partial logits as FMAs over the live rows up to this row tile (else a 16-row fp32 dot) | 2; table 8 at 3-6 tokens, 16 at 7-16; 2 on chunks wider than 16 columns | the dot costs 513 FFMA a thread at any width: 117.6 vs 119.5 us at 4 tokens, 259.8 vs 261.6 at 16; wider chunks spill (16-656 B) |
@@ -125,7 +124,6 @@ from ffnq.backends.triton.sync import (F_EPOCH, F_VALID, PH_HANDSHAKE, PH_REDUCE
 from ffnq.backends.triton.tiles import (_bf16, _fp8, _fr_rows, _fr_weights, _mma_sc, _post_norm_all, _store_route, _store_x,
     _topk, _xsig, _xsig_of)
 from ffnq.backends.triton.items import _claim, _next_item, _s2_header
-from ffnq.backends.triton.prefetch import _prefetch_item
 
 
 @triton.jit(do_not_specialize=["rank", "first_expert"])
@@ -152,7 +150,7 @@ def ffn_kernel(
     DOWN_TILE: tl.constexpr, DOWN_KSPLIT: tl.constexpr, DOWN_STAGES: tl.constexpr, DOWN_COLS: tl.constexpr,
     DOWN_FP8: tl.constexpr, DOWN_ACT_TERMS: tl.constexpr, PACKED_W2: tl.constexpr, W2_PACK_ROWS: tl.constexpr,
     # schedule
-    WORK_QUEUE: tl.constexpr, PREFETCH_AHEAD: tl.constexpr, EARLY_HEADER: tl.constexpr, EARLY_WEIGHTS: tl.constexpr, EARLY_SEAM_READS: tl.constexpr,
+    WORK_QUEUE: tl.constexpr, EARLY_HEADER: tl.constexpr, EARLY_WEIGHTS: tl.constexpr, EARLY_SEAM_READS: tl.constexpr,
     EARLY_FAULT_WORDS: tl.constexpr, LOGIT_FMA_ROWS: tl.constexpr, FULL_ROWS: tl.constexpr,
     SUM_OWN_SLOTS: tl.constexpr, SUM_AS_DONE: tl.constexpr, SUM_BATCH: tl.constexpr, SORT_TOPK: tl.constexpr,
     # protocol
@@ -527,12 +525,6 @@ def ffn_kernel(
             # UP_KSPLIT > 1 the last arriver of a (j, t) sums the parts in ks order (deterministic)
             # and finishes the tile
             n_items = n_active * (UP_TILES * UP_KSPLIT)
-            if PREFETCH_AHEAD > 1:  # the CTA's first PREFETCH_AHEAD - 1 items into L2 (every BLOCKS-th)
-                pend = n_items + n_active * (DOWN_TILES * DOWN_KSPLIT)
-                for d in tl.static_range(PREFETCH_AHEAD - 1):
-                    _prefetch_item(pid + d * BLOCKS, n_items, pend, ecta, w13, w2, first_expert, HIDDEN, INTER,
-                                   EXPERT_MODE, UP_TILE, UP_KSPLIT, PACKED_W13, DOWN_TILE, DOWN_KSPLIT, PACKED_W2,
-                                   W2_PACK_ROWS, IS_HIP, INTERP)
             X_PARTS: tl.constexpr = X_TERMS if FP8_X else 2  # x terms: X_TERMS fp8 or fp16 hi + lo
             # UP_COLS token columns per term (UP_COLS >= TOKENS; X_PARTS x UP_COLS >= 16, tl.dot's least N)
             rq = tl.arange(0, UP_COLS)
@@ -556,11 +548,6 @@ def ffn_kernel(
                 hej = tl.load(ecta + w // (UP_KSPLIT * UP_TILES), mask=w < n_items, other=0)
             while w < n_items:
                 nxt = _claim(sync + QUEUE_AT, WORK_QUEUE)  # WORK_QUEUE: whichever ticket is free now
-                if PREFETCH_AHEAD:  # this item's (1) or a later one's bytes into L2, ahead of the loop's loads
-                    _prefetch_item(w + (PREFETCH_AHEAD - 1) * BLOCKS, n_items,
-                                   n_items + n_active * (DOWN_TILES * DOWN_KSPLIT), ecta, w13, w2, first_expert,
-                                   HIDDEN, INTER, EXPERT_MODE, UP_TILE, UP_KSPLIT, PACKED_W13, DOWN_TILE, DOWN_KSPLIT,
-                                   PACKED_W2, W2_PACK_ROWS, IS_HIP, INTERP)
                 jt = w // UP_KSPLIT
                 kb = (w % UP_KSPLIT) * UP_K_PART
                 j = jt // UP_TILES
@@ -704,10 +691,6 @@ def ffn_kernel(
             # last round's items are the tail of the phase; a part is 1/DOWN_KSPLIT of the bytes),
             # partials summed in phase E
             while w < wend:
-                if PREFETCH_AHEAD:  # before the wait for the item's act: w2 does not depend on it
-                    _prefetch_item(w + (PREFETCH_AHEAD - 1) * BLOCKS, n1, wend, ecta, w13, w2, first_expert, HIDDEN,
-                                   INTER, EXPERT_MODE, UP_TILE, UP_KSPLIT, PACKED_W13, DOWN_TILE, DOWN_KSPLIT,
-                                   PACKED_W2, W2_PACK_ROWS, IS_HIP, INTERP)
                 j = (w - n1) // (DOWN_TILES * DOWN_KSPLIT)
                 t = (w - n1) % (DOWN_TILES * DOWN_KSPLIT) // DOWN_KSPLIT
                 kh = (w - n1) % DOWN_KSPLIT
