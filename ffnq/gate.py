@@ -399,8 +399,7 @@ def _the_configs(cfg: dict, i: int, verb: str):
     try:
         yield
     except UsageError as e:
-        why = e.what
-        raise UsageError(f"gate config {cfg['path']}: job {i + 1} ({verb}) asks for {why}; run this gate where "
+        raise UsageError(f"gate config {cfg['path']}: job {i + 1} ({verb}) asks for {e.what}; run this gate where "
                          f"its jobs can run, or pick another in configs/gates/") from None
 
 

@@ -28,6 +28,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from ffnq.baselines.vllm import tuned_entry  # the vllm_config cells bench writes
+
 MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 QUANT = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"
 CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
@@ -100,11 +102,6 @@ def release(source: Source) -> str:
     return " ".join(x.group(1) for x in (v, c) if x) or "unknown"
 
 
-# a vllm_config cell: a tuned file's batch key, or bench's sweep for that file at one width
-TUNED = re.compile(r"(?:vLLM tuned (E=[^ ]+\.json) key (\d+)|sweep of \d+ benchmark_moe\.py configs for "
-                   r"(E=[^ ]+\.json), best at M=(\d+) \([\d.]+ us\)): (.+)")
-
-
 def tuned_configs(report: Path) -> dict[str, dict]:
     """vLLM tuned files (name -> {batch key: config}) from the `vllm_config` column of a bench
     report's results.json, as its vLLM baseline ran them."""
@@ -115,14 +112,13 @@ def tuned_configs(report: Path) -> dict[str, dict]:
         raise Refused(f"--configs-from {report}: no bench results.json there ({e})") from None
     files: dict[str, dict] = {}
     for r in rows:
-        m = TUNED.fullmatch(str(r.get("vllm_config") or ""))
-        if m:
-            name, key, text = m.group(1) or m.group(3), m.group(2) or m.group(4), m.group(5)
-            try:
-                cfg = {k: int(v) for k, v in (kv.split("=", 1) for kv in text.split(","))}
-            except ValueError:
-                raise Refused(f"--configs-from {report}: width {r.get('width')}: vllm_config {text!r} is not "
-                              "KEY=int,...") from None
+        try:
+            got = tuned_entry(str(r.get("vllm_config") or ""))
+        except ValueError as e:
+            raise Refused(f"--configs-from {report}: width {r.get('width')}: vllm_config {e.args[0]!r} is not "
+                          "KEY=int,...") from None
+        if got:
+            name, key, cfg = got
             files.setdefault(name, {})[key] = cfg
     if not files:
         raise Refused(f"--configs-from {report}: no row ran vLLM from a tuned file or bench's sweep (vllm_config)")

@@ -172,6 +172,26 @@ def sweep(time_us, widths, space: list[dict] | None = None) -> dict[int, tuple[d
     return best
 
 
+# a config_name (VllmMoe.config_name) that stands for a tuned file's entry: read from the file at a
+# batch key, or bench's sweep for that file at one width; then the config as KEY=int,...
+_TUNED_NAME = re.compile(r"(?:vLLM tuned (E=[^ ]+\.json) key (\d+)|sweep of \d+ benchmark_moe\.py configs for "
+                         r"(E=[^ ]+\.json), best at M=(\d+) \([\d.]+ us\)): (.+)")
+
+
+def tuned_entry(config_name: str) -> tuple[str, str, dict] | None:
+    """(tuned file, batch key, config) that a ``VllmMoe.config_name`` stands for (tools/extract_vllm.py
+    --configs-from writes it back); None for vLLM's default config or an override. ValueError (the
+    config's text) where the config is not KEY=int,..."""
+    m = _TUNED_NAME.fullmatch(config_name)
+    if not m:
+        return None
+    try:
+        cfg = {k: int(v) for k, v in (kv.split("=", 1) for kv in m.group(5).split(","))}
+    except ValueError:
+        raise ValueError(m.group(5)) from None
+    return m.group(1) or m.group(3), m.group(2) or m.group(4), cfg
+
+
 class _Width:
     """One width's buffers and launches (every shape fixed: a CUDA graph captures the step)."""
 
@@ -251,7 +271,7 @@ class VllmMoe:
         """Take ``sweep``'s result: width -> (config, us)."""
         n = f"{space_size} " if space_size else ""
         for s, (cfg, us) in best.items():
-            # the file named: tools/extract_vllm.py --configs-from writes it back from a report
+            # the file named: tuned_entry reads it back from a report
             self.set_config(s, cfg, f"sweep of {n}benchmark_moe.py configs for {self.file}, best at M={s} ({us:.1f} us)")
 
     @property
