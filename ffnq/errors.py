@@ -25,7 +25,7 @@ class UsageError(ValueError):
     (a gate's job names its config's value, not a flag)."""
 
     def __init__(self, what: str, use: str | None = None):
-        self.what = what
+        self.what, self.use = what, use
         super().__init__(f"{what} (use {use})" if use else what)
 
 

@@ -42,7 +42,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import pandas as pd
 
@@ -153,10 +153,10 @@ def run(opts: JobOptions, progress: bool = True) -> JobResult:
             raise LaunchError(f"{job} passed its deadline of {deadline:g} s (--deadline): "
                               f"{_unfinished(recs, opts.tp)}; the job was killed", recs, ranks)
         if rc != 0:
-            msg, usage = diagnose(job, rc, recs, opts.tp, (result_dir / "torchrun.log").read_text())
-            if usage:
-                raise UsageError(msg)
-            raise LaunchError(msg, recs, ranks)
+            verdict = diagnose(job, rc, recs, opts.tp, (result_dir / "torchrun.log").read_text())
+            if verdict.usage:
+                raise UsageError(verdict.what, use=verdict.use)
+            raise LaunchError(verdict.message, recs, ranks)
         merged = result_dir / "all.jsonl"
         if merged.exists():
             recs = [json.loads(line) for line in merged.read_text().splitlines() if line.strip()]
@@ -321,6 +321,12 @@ def _where(rec: dict | None, beat: dict | None = None) -> str:
     return rec.get("kind", "?")
 
 
+def _said(err: dict) -> str:
+    """An error record's one line as the rank raised it: its message, and a UsageError's flag to
+    change after it ("(use --backend cpu)")."""
+    return f"{err['message']} (use {err['use']})" if err.get("use") else err["message"]
+
+
 def rank_states(recs: list[dict], tp: int) -> list[dict]:
     """One row per rank: how it ended (done / error / no final word), where it was, its last
     progress, and its error if any: a report's account of a job that did not finish."""
@@ -335,7 +341,7 @@ def rank_states(recs: list[dict], tp: int) -> list[dict]:
         p = progress.get(rank)
         rows.append({"rank": rank, "ended": ended, "where": _where(last.get(rank), beats.get(rank)),
                      "progress": f"{p['done']}/{p['total']}" if p else "",
-                     "error": errors[rank]["message"] if rank in errors else ""})
+                     "error": _said(errors[rank]) if rank in errors else ""})
     return rows
 
 
@@ -365,8 +371,22 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def diagnose(job: str, rc: int, recs: list[dict], tp: int, log: str) -> tuple[str, bool]:
-    """(the verdict of a job that exited rc != 0, whether it was bad input). A rank that died
+class Verdict(NamedTuple):
+    """diagnose's word on a job that exited rc != 0: ``what``, one line; ``usage``: bad input
+    (the launcher raises UsageError(what, use), exit 2); ``use``: the flag to change that a
+    rank's UsageError named, kept apart from ``what`` as UsageError keeps it."""
+    what: str
+    usage: bool = False
+    use: str | None = None
+
+    @property
+    def message(self) -> str:
+        """The line as the user reads it: ``what``, then "(use FLAG)" where a flag is named."""
+        return f"{self.what} (use {self.use})" if self.use else self.what
+
+
+def diagnose(job: str, rc: int, recs: list[dict], tp: int, log: str) -> Verdict:
+    """The verdict of a job that exited rc != 0, and whether it was bad input. A rank that died
     by a signal first, then a rank's own error, then torchrun's root cause; an error that a lost
     peer causes on a survivor names the lost rank, never the survivor."""
     last, beats = _last(recs, tp), _beats(recs)
@@ -383,15 +403,15 @@ def diagnose(job: str, rc: int, recs: list[dict], tp: int, log: str) -> tuple[st
             deaths.remove(root)
             deaths.insert(0, root)
         r, c = deaths[0]
-        return (f"{job}: rank {r} died (killed by signal {-c}, {_signal_name(c)}) at {where(r)}; torchrun ended "
-                f"the others. {_unfinished(recs, tp)}", False)
+        return Verdict(f"{job}: rank {r} died (killed by signal {-c}, {_signal_name(c)}) at {where(r)}; torchrun "
+                       f"ended the others. {_unfinished(recs, tp)}")
     own = [e for e in errors if not e.get("peer_loss")]
     if own:
         e = own[0]
-        return f"{job}: rank {e['rank']} failed: {e['message']}", bool(e.get("usage"))
+        return Verdict(f"{job}: rank {e['rank']} failed: {e['message']}", bool(e.get("usage")), e.get("use"))
     if root and root[1] > 0 and root[0] not in erred:
-        return (f"{job}: rank {root[0]} exited with code {root[1]} without a word at {where(root[0])}; torchrun "
-                f"ended the others. {_unfinished(recs, tp)}", False)
+        return Verdict(f"{job}: rank {root[0]} exited with code {root[1]} without a word at {where(root[0])}; "
+                       f"torchrun ended the others. {_unfinished(recs, tp)}")
     if errors:  # only survivors' errors: name the rank(s) they lost
         e = errors[0]
         missing = sorted({m for x in errors for m in x.get("missing", [])})
@@ -399,17 +419,17 @@ def diagnose(job: str, rc: int, recs: list[dict], tp: int, log: str) -> tuple[st
         lost = missing or silent
         if lost:
             who = ", ".join(f"rank {r} at {where(r)}" for r in lost)
-            return (f"{job}: lost {who} (no final word from it); rank {e['rank']} saw it as {e['message']}", False)
-        return f"{job}: rank {e['rank']} failed: {e['message']}", False
+            return Verdict(f"{job}: lost {who} (no final word from it); rank {e['rank']} saw it as {_said(e)}")
+        return Verdict(f"{job}: rank {e['rank']} failed: {e['message']}", use=e.get("use"))
     if root:
         how = f"killed by signal {-root[1]}" if root[1] < 0 else f"exit code {root[1]}"
-        return f"{job}: rank {root[0]} died ({how}); torchrun ended the others. {_unfinished(recs, tp)}", False
+        return Verdict(f"{job}: rank {root[0]} died ({how}); torchrun ended the others. {_unfinished(recs, tp)}")
     tail = " | ".join(log.strip().splitlines()[-3:])
-    return f"{job}: torchrun exited {rc}; {_unfinished(recs, tp)}; log: {tail}", False
+    return Verdict(f"{job}: torchrun exited {rc}; {_unfinished(recs, tp)}; log: {tail}")
 
 
 def _failure(job: str, rc: int, recs: list[dict], tp: int, log: str) -> str:
-    return diagnose(job, rc, recs, tp, log)[0]
+    return diagnose(job, rc, recs, tp, log).message
 
 
 # ---- the host watchdog ----------------------------------------------------------------------------

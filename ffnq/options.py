@@ -201,6 +201,8 @@ class JobOptions:
         cls = load_runner(self.backend)
         try:  # a bad override or measured table fails here, not in every rank's build
             cls.check_build()
+        except UsageError:
+            raise
         except ValueError as e:
             raise UsageError(str(e)) from None
         per_node = self.tp // self.nnodes

@@ -51,8 +51,9 @@ def test_a_survivors_lost_peer_error_never_blames_the_survivor(log):
     torchrun saw first, or with no word from torchrun at all, rank 1 is named."""
     recs = [{"kind": "start", "rank": r} for r in (0, 1)] + [
         {"kind": "progress", "rank": 1, "done": 5, "total": 9, "what": "run w=16"}, CLOSED]
-    msg, usage = diagnose("qualify", 1, recs, 2, log)
-    assert not usage and "rank 0 failed" not in msg
+    v = diagnose("qualify", 1, recs, 2, log)
+    msg = v.message
+    assert not v.usage and v.use is None and "rank 0 failed" not in msg
     assert ("rank 1 died (killed by signal 9, SIGKILL)" in msg) if log else ("lost rank 1 at run w=16" in msg), msg
 
 
@@ -60,15 +61,74 @@ def test_a_bounded_wait_that_expired_names_the_missing_rank():
     fault = {"kind": "error", "rank": 0, "t": 1, "peer_loss": True, "missing": [1],
              "message": "RankFault: rank 0 faulted in phase seam at epoch 9: waited 1000.0 ms for rank(s) 1"}
     recs = [{"kind": "start", "rank": 0}, {"kind": "start", "rank": 1}, {"kind": "done", "rank": 1}, fault]
-    msg, _ = diagnose("soak", 1, recs, 2, "")
+    msg = diagnose("soak", 1, recs, 2, "").message
     assert msg.startswith("soak: lost rank 1") and "waited 1000.0 ms for rank(s) 1" in msg
 
 
 def test_a_usage_error_in_a_rank_is_bad_input():
     e = {"kind": "error", "rank": 1, "t": 1, "usage": True, "peer_loss": False,
          "message": "UsageError: runner mutants:X: warm failed: RuntimeError: no"}
-    msg, usage = diagnose("qualify", 1, [e, CLOSED | {"t": 3}], 2, ROOT_SURVIVOR.replace("-9", "1"))
-    assert usage and msg == "qualify: rank 1 failed: UsageError: runner mutants:X: warm failed: RuntimeError: no"
+    v = diagnose("qualify", 1, [e, CLOSED | {"t": 3}], 2, ROOT_SURVIVOR.replace("-9", "1"))
+    assert v.usage and v.use is None
+    assert v.message == v.what == "qualify: rank 1 failed: UsageError: runner mutants:X: warm failed: RuntimeError: no"
+
+
+# a runner's UsageError(what, use="--backend cpu") on rank 1, as records.main writes it (test_records)
+NEEDS_GPU = "runner triton: __init__ failed: --backend triton: needs a GPU and this host has none"
+USAGE = {"kind": "error", "rank": 1, "t": 1, "usage": True, "peer_loss": False, "message": f"UsageError: {NEEDS_GPU}",
+         "use": "--backend cpu"}
+USAGE_LINE = f"qualify: rank 1 failed: UsageError: {NEEDS_GPU} (use --backend cpu)"  # the one line, as before
+
+
+def test_a_rank_usage_errors_flag_is_the_verdicts_use():
+    """The flag crosses as data: ``what`` is the line without "(use ...)" (a gate names its job
+    from it), ``use`` the flag, ``message`` the one line the user reads."""
+    v = diagnose("qualify", 1, [{"kind": "start", "rank": 0}, USAGE, CLOSED | {"t": 3}], 2, "")
+    assert (v.usage, v.use, v.message) == (True, "--backend cpu", USAGE_LINE)
+    assert v.what == f"qualify: rank 1 failed: UsageError: {NEEDS_GPU}" and "(use" not in v.what
+    assert _failure("qualify", 1, [USAGE], 2, "") == USAGE_LINE
+    assert rank_states([USAGE], 2)[1]["error"] == f"UsageError: {NEEDS_GPU} (use --backend cpu)"
+
+
+RANK_RAISES = """
+import os, sys
+from ffnq.errors import UsageError
+from ffnq.jobs import records
+from ffnq.jobs.rank import runner_error
+
+os.environ["RANK"] = "1"
+gpu = UsageError("--backend triton: needs a GPU and this host has none", use="--backend cpu")
+
+
+def body(opts, rec):
+    raise runner_error("triton", "__init__", gpu)
+
+
+records.main(body)
+"""
+
+
+def test_the_launchers_usage_error_keeps_the_ranks_flag(tmp_path, monkeypatch, capsys):
+    """launch.run on a job whose rank 1 raises a runner's UsageError(..., use="--backend cpu")
+    through records.main: the launcher's UsageError has ``use`` and a ``what`` free of it; the
+    CLI prints the same one line as before and exits 2."""
+    import typer
+
+    from ffnq import launch
+    from ffnq.cli import _guard
+    from ffnq.errors import UsageError
+
+    monkeypatch.setattr(launch, "torchrun_command", lambda opts, f: [sys.executable, "-c", RANK_RAISES, str(f)])
+    with pytest.raises(UsageError) as got:
+        launch.run(QualifyOptions(tp=2), progress=False)
+    e = got.value
+    assert (str(e), e.use) == (USAGE_LINE, "--backend cpu")
+    assert e.what == f"qualify: rank 1 failed: UsageError: {NEEDS_GPU}" and "(use" not in e.what
+    with pytest.raises(typer.Exit) as ended:
+        _guard(lambda: launch.run(QualifyOptions(tp=2), progress=False))
+    assert ended.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {USAGE_LINE}\n", err
 
 
 def test_torchrun_failures_parsed():

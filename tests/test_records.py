@@ -118,6 +118,39 @@ def test_main_marks_bad_input_and_lost_peers(tmp_path, monkeypatch):
         torch.set_num_threads(threads)
 
 
+def test_main_writes_a_usage_errors_flag_apart_from_its_line(tmp_path, monkeypatch):
+    """A UsageError(what, use) on a rank (raised there, or a runner's, as rank.runner_error names
+    it): the record's message is "UsageError: " + what and ``use`` is its own field, so the
+    launcher rebuilds UsageError(what, use) (test_launch); other errors' records carry no ``use``."""
+    from ffnq.errors import UsageError
+    from ffnq.jobs.rank import runner_error
+
+    for var in ("RANK", "FFNQ_TEST_DIE_RANK", "FFNQ_TEST_HANG_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    opts = tmp_path / "opts.json"
+    opts.write_text(json.dumps({"result_dir": str(tmp_path)}))
+    monkeypatch.setattr(sys, "argv", ["job", str(opts)])
+    threads = torch.get_num_threads()
+    gpu = UsageError("--backend triton: needs a GPU and this host has none", use="--backend cpu")
+    said = "runner triton: __init__ failed: --backend triton: needs a GPU and this host has none"
+    cases = [(runner_error("triton", "__init__", gpu), f"UsageError: {said}", "--backend cpu", True),
+             (gpu, f"UsageError: {gpu.what}", "--backend cpu", False),
+             (UsageError("grids differ"), "UsageError: grids differ", None, False),
+             (ValueError("bad width (use --widths 4)"), "ValueError: bad width (use --widths 4)", None, False)]
+    try:
+        for exc, message, use, usage in cases:
+            def body(o, rec, exc=exc):
+                raise exc
+            with pytest.raises(type(exc)):
+                records.main(body)
+            err = lines(tmp_path / "rank0.jsonl")[-1]
+            assert (err["message"], err.get("use"), err["usage"]) == (message, use, usage), err
+            assert ("use" in err) == (use is not None)
+    finally:
+        torch.set_num_threads(threads)
+    assert str(cases[0][0]) == f"{said} (use --backend cpu)" and cases[0][0].use == "--backend cpu"
+
+
 def test_heartbeat_carries_the_phase_the_call_and_the_counts(tmp_path):
     rec = Records(str(tmp_path), 2, beat=True)
     try:

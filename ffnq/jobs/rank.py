@@ -124,9 +124,11 @@ def setup(backend: str, model: str | ModelSpec, experts: str | Experts = "all", 
 
 def runner_error(name: str, where: str, e: Exception) -> UsageError:
     """A runner's own failure in ``__init__`` or ``warm``, one line naming it (a UsageError
-    raised there keeps its words, prefixed)."""
-    what = str(e).splitlines()[0] if str(e) else ""
-    kind = "" if isinstance(e, UsageError) else f"{type(e).__name__}: "
-    err = UsageError(f"runner {name}: {where} failed: {kind}{what}")
+    raised there keeps its words, prefixed, and its flag to change)."""
+    usage = isinstance(e, UsageError)
+    said = e.what if usage else str(e)
+    what = said.splitlines()[0] if said else ""
+    kind = "" if usage else f"{type(e).__name__}: "
+    err = UsageError(f"runner {name}: {where} failed: {kind}{what}", use=e.use if usage else None)
     err.bad_input = True  # records.main marks it so: the launcher ends the job as exit 2
     return err

@@ -4,7 +4,7 @@ the entry.
 A rank appends to ``<result_dir>/rank<r>.jsonl``: ``start`` (pid, host), ``progress``
 (done/total/what), ``row`` (table name + one dict), then ``done`` or ``error`` (the exception,
 one line; ``usage``: bad input found on a rank, a runner whose construction or warm-up raised
-(rank.runner_error), exit 2;
+(rank.runner_error), exit 2; ``use``: a UsageError's flag to change, apart from its line;
 ``peer_loss``: an error that another rank's death or hang causes here, never the verdict while
 that rank can be named). At the end rank 0 gathers every rank's rows into ``all.jsonl``.
 
@@ -225,8 +225,12 @@ def main(body: Callable[[dict, Records], None]) -> None:
         final = "ended"
         raise
     except BaseException as e:  # noqa: BLE001 - recorded for the launcher, then re-raised
-        msg = str(e).splitlines()[0] if str(e) else ""
+        # a UsageError's line without its flag: ``use`` crosses to the launcher as its own field
+        said = e.what if isinstance(e, UsageError) else str(e)
+        msg = said.splitlines()[0] if said else ""
         extra = {"missing": e.record.get("missing_ranks", [])} if isinstance(e, RankFault) else {}
+        if isinstance(e, UsageError) and e.use:
+            extra["use"] = e.use
         rec.write("error", message=f"{type(e).__name__}: {msg}", trace=traceback.format_exc(),
                   usage=bool(getattr(e, "bad_input", False)), peer_loss=peer_loss(e), phase=rec.state.get("phase"),
                   **extra)
