@@ -354,16 +354,20 @@ def test_interpreter_tp1_matches_reference(tune, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="slow: set TRITON_INTERPRET=1 to run")
-def test_interpreter_tp1_whole_rows_router(monkeypatch):
+@pytest.mark.parametrize("tune", ["FULL_ROWS=2", "FULL_ROWS=2,UP_KSPLIT=2,PACKED_W13=0,EARLY_HEADER=3"])
+def test_interpreter_tp1_whole_rows_router(tune, monkeypatch):
     """FULL_ROWS: every CTA reads the two whole rows for rstd and its own experts' logits, in phase A,
-    and passes one grid barrier; x, the logits and the routing must be the reference's."""
-    monkeypatch.setenv("FFNQ_TRITON_TUNE", "FULL_ROWS=2")
+    and passes one grid barrier; x, the logits and the routing must be the reference's. Also as
+    one token's build runs (two K parts, w13 as given, every BLOCKS-th item) with each item's
+    header read at the end of the item before (EARLY_HEADER=3, measured faster there)."""
+    monkeypatch.setenv("FFNQ_TRITON_TUNE", tune)
     import torch
     from ffnq import reference
     from ffnq.backends.triton import TritonRunner
     from ffnq.backends.triton import geometry as G
     r, out, res, ref = _tp1_step(TritonRunner, torch.tensor([0, 1]), 3, 7)
-    assert G.geometry(r.keys[2])["FULL_ROWS"] == 1
+    g = G.geometry(r.keys[2])
+    assert g["FULL_ROWS"] == 1 and g["EARLY_HEADER"] == (3 if "EARLY_HEADER" in tune else 0)
     assert reference.compare(out, ref.out)["rel_err"] < 1e-2
     assert reference.compare(res, ref.res_out)["rel_err"] < 1e-2
     assert torch.equal(r.view(2, "route").long(), ref.chosen)
