@@ -19,6 +19,11 @@ def shown(value, n: int = SHOWN_CHARS) -> str:
     return cut(repr(value), n)
 
 
+def with_use(what: str, use: str | None) -> str:
+    """A bad-input line as the user reads it: ``what``, then "(use FLAG)" where a flag is named."""
+    return f"{what} (use {use})" if use else what
+
+
 class UsageError(ValueError):
     """Bad input: one line naming the value and what is allowed. The CLI exits 2 on it. ``use``: the
     flag to change, said after the line as "(use --backend cpu)"; ``what`` is the line without it
@@ -26,7 +31,7 @@ class UsageError(ValueError):
 
     def __init__(self, what: str, use: str | None = None):
         self.what, self.use = what, use
-        super().__init__(f"{what} (use {use})" if use else what)
+        super().__init__(with_use(what, use))
 
 
 class RankFault(RuntimeError):

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import pandas as pd
 
-from ffnq.errors import Stopped, UsageError
+from ffnq.errors import Stopped, UsageError, with_use
 from ffnq.jobs.records import SET_UP, SET_UP_PHASE
 
 if TYPE_CHECKING:
@@ -321,12 +321,6 @@ def _where(rec: dict | None, beat: dict | None = None) -> str:
     return rec.get("kind", "?")
 
 
-def _said(err: dict) -> str:
-    """An error record's one line as the rank raised it: its message, and a UsageError's flag to
-    change after it ("(use --backend cpu)")."""
-    return f"{err['message']} (use {err['use']})" if err.get("use") else err["message"]
-
-
 def rank_states(recs: list[dict], tp: int) -> list[dict]:
     """One row per rank: how it ended (done / error / no final word), where it was, its last
     progress, and its error if any: a report's account of a job that did not finish."""
@@ -341,7 +335,8 @@ def rank_states(recs: list[dict], tp: int) -> list[dict]:
         p = progress.get(rank)
         rows.append({"rank": rank, "ended": ended, "where": _where(last.get(rank), beats.get(rank)),
                      "progress": f"{p['done']}/{p['total']}" if p else "",
-                     "error": _said(errors[rank]) if rank in errors else ""})
+                     "error": with_use(errors[rank]["message"], errors[rank].get("use")) if rank in errors
+                     else ""})
     return rows
 
 
@@ -382,7 +377,7 @@ class Verdict(NamedTuple):
     @property
     def message(self) -> str:
         """The line as the user reads it: ``what``, then "(use FLAG)" where a flag is named."""
-        return f"{self.what} (use {self.use})" if self.use else self.what
+        return with_use(self.what, self.use)
 
 
 def diagnose(job: str, rc: int, recs: list[dict], tp: int, log: str) -> Verdict:
@@ -419,7 +414,8 @@ def diagnose(job: str, rc: int, recs: list[dict], tp: int, log: str) -> Verdict:
         lost = missing or silent
         if lost:
             who = ", ".join(f"rank {r} at {where(r)}" for r in lost)
-            return Verdict(f"{job}: lost {who} (no final word from it); rank {e['rank']} saw it as {_said(e)}")
+            saw = with_use(e["message"], e.get("use"))
+            return Verdict(f"{job}: lost {who} (no final word from it); rank {e['rank']} saw it as {saw}")
         return Verdict(f"{job}: rank {e['rank']} failed: {e['message']}", use=e.get("use"))
     if root:
         how = f"killed by signal {-root[1]}" if root[1] < 0 else f"exit code {root[1]}"

@@ -20,6 +20,20 @@ def lines(p: Path) -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines()]
 
 
+@pytest.fixture
+def one_rank_job(tmp_path, monkeypatch):
+    """records.main's argv and environment as torchrun gives a lone rank 0 (its options file:
+    result_dir = tmp_path, x = 7); torch's thread count, which main sets, restored after."""
+    for var in ("RANK", "FFNQ_TEST_DIE_RANK", "FFNQ_TEST_HANG_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    opts = tmp_path / "opts.json"
+    opts.write_text(json.dumps({"result_dir": str(tmp_path), "x": 7}))
+    monkeypatch.setattr(sys, "argv", ["job", str(opts)])
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_records_read_back_as_written(tmp_path):
     rec = Records(str(tmp_path), 3)
     x = random.random()
@@ -58,96 +72,69 @@ def test_collectives_without_a_group_are_this_ranks_own():
     assert clock_offsets(lambda: random.randrange(1 << 40)) == [0]
 
 
-def test_main_records_start_rows_and_done_or_the_error(tmp_path, monkeypatch):
-    for var in ("RANK", "FFNQ_TEST_DIE_RANK", "FFNQ_TEST_HANG_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    opts = tmp_path / "opts.json"
-    opts.write_text(json.dumps({"result_dir": str(tmp_path), "x": 7}))
-    monkeypatch.setattr(sys, "argv", ["job", str(opts)])
-    threads = torch.get_num_threads()
+def test_main_records_start_rows_and_done_or_the_error(tmp_path, one_rank_job):
     seen = []
-    try:
-        records.main(lambda o, rec: (rec.row("t", {"x": o["x"]}), seen.append(rec)))
-        assert seen[0].file.closed  # the rank's file, closed on the way out
-        assert [g["kind"] for g in lines(tmp_path / "rank0.jsonl")] == ["start", "row", "done"]
-        assert lines(tmp_path / "rank0.jsonl")[0]["pid"] == os.getpid()
-        assert lines(tmp_path / "all.jsonl")[0]["data"] == {"x": 7}
+    records.main(lambda o, rec: (rec.row("t", {"x": o["x"]}), seen.append(rec)))
+    assert seen[0].file.closed  # the rank's file, closed on the way out
+    assert [g["kind"] for g in lines(tmp_path / "rank0.jsonl")] == ["start", "row", "done"]
+    assert lines(tmp_path / "rank0.jsonl")[0]["pid"] == os.getpid()
+    assert lines(tmp_path / "all.jsonl")[0]["data"] == {"x": 7}
 
-        def body(o, rec):
-            raise ValueError("bad width\nsecond line")
+    def body(o, rec):
+        raise ValueError("bad width\nsecond line")
 
-        with pytest.raises(ValueError, match="bad width"):
-            records.main(body)
-    finally:
-        torch.set_num_threads(threads)
+    with pytest.raises(ValueError, match="bad width"):
+        records.main(body)
     err = lines(tmp_path / "rank0.jsonl")[-1]
     assert err["kind"] == "error" and err["message"] == "ValueError: bad width" and "Traceback" in err["trace"]
 
 
-def test_main_marks_bad_input_and_lost_peers(tmp_path, monkeypatch):
+def test_main_marks_bad_input_and_lost_peers(tmp_path, one_rank_job):
     """An error record says whether it is bad input (exit 2) or what a lost peer causes here
     (never the verdict while the lost rank can be named)."""
     from ffnq.errors import RankFault, UsageError
 
-    for var in ("RANK", "FFNQ_TEST_DIE_RANK", "FFNQ_TEST_HANG_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    opts = tmp_path / "opts.json"
-    opts.write_text(json.dumps({"result_dir": str(tmp_path)}))
-    monkeypatch.setattr(sys, "argv", ["job", str(opts)])
-    threads = torch.get_num_threads()
     fault = RankFault({"rank": 0, "phase_name": "seam", "epoch": 3, "missing_ranks": [1], "waited_ns": 10**9})
     from ffnq.jobs.rank import runner_error
 
     cases = [(runner_error("x", "warm", RuntimeError("no")), True, False), (UsageError("grids differ"), False, False),
              (RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:5"), False, True),
              (fault, False, True), (ValueError("a kernel's own bug"), False, False)]
-    try:
-        for exc, usage, lost in cases:
-            def body(o, rec, exc=exc):
-                rec.phase("correct w=3")
-                raise exc
-            with pytest.raises(type(exc)):
-                records.main(body)
-            err = lines(tmp_path / "rank0.jsonl")[-1]
-            assert (err["usage"], err["peer_loss"], err["phase"]) == (usage, lost, "correct w=3"), err
-            beat = json.loads((tmp_path / "rank0.beat").read_text())
-            assert beat["final"] == "error" and beat["pid"] == os.getpid()
-        assert err["kind"] == "error" and lines(tmp_path / "rank0.jsonl")[-3]["missing"] == [1]
-        assert lines(tmp_path / "rank0.jsonl")[-9]["message"] == "UsageError: runner x: warm failed: RuntimeError: no"
-    finally:
-        torch.set_num_threads(threads)
+    for exc, usage, lost in cases:
+        def body(o, rec, exc=exc):
+            rec.phase("correct w=3")
+            raise exc
+        with pytest.raises(type(exc)):
+            records.main(body)
+        err = lines(tmp_path / "rank0.jsonl")[-1]
+        assert (err["usage"], err["peer_loss"], err["phase"]) == (usage, lost, "correct w=3"), err
+        beat = json.loads((tmp_path / "rank0.beat").read_text())
+        assert beat["final"] == "error" and beat["pid"] == os.getpid()
+    assert err["kind"] == "error" and lines(tmp_path / "rank0.jsonl")[-3]["missing"] == [1]
+    assert lines(tmp_path / "rank0.jsonl")[-9]["message"] == "UsageError: runner x: warm failed: RuntimeError: no"
 
 
-def test_main_writes_a_usage_errors_flag_apart_from_its_line(tmp_path, monkeypatch):
+def test_main_writes_a_usage_errors_flag_apart_from_its_line(tmp_path, one_rank_job):
     """A UsageError(what, use) on a rank (raised there, or a runner's, as rank.runner_error names
     it): the record's message is "UsageError: " + what and ``use`` is its own field, so the
     launcher rebuilds UsageError(what, use) (test_launch); other errors' records carry no ``use``."""
     from ffnq.errors import UsageError
     from ffnq.jobs.rank import runner_error
 
-    for var in ("RANK", "FFNQ_TEST_DIE_RANK", "FFNQ_TEST_HANG_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    opts = tmp_path / "opts.json"
-    opts.write_text(json.dumps({"result_dir": str(tmp_path)}))
-    monkeypatch.setattr(sys, "argv", ["job", str(opts)])
-    threads = torch.get_num_threads()
     gpu = UsageError("--backend triton: needs a GPU and this host has none", use="--backend cpu")
     said = "runner triton: __init__ failed: --backend triton: needs a GPU and this host has none"
     cases = [(runner_error("triton", "__init__", gpu), f"UsageError: {said}", "--backend cpu", True),
              (gpu, f"UsageError: {gpu.what}", "--backend cpu", False),
              (UsageError("grids differ"), "UsageError: grids differ", None, False),
              (ValueError("bad width (use --widths 4)"), "ValueError: bad width (use --widths 4)", None, False)]
-    try:
-        for exc, message, use, usage in cases:
-            def body(o, rec, exc=exc):
-                raise exc
-            with pytest.raises(type(exc)):
-                records.main(body)
-            err = lines(tmp_path / "rank0.jsonl")[-1]
-            assert (err["message"], err.get("use"), err["usage"]) == (message, use, usage), err
-            assert ("use" in err) == (use is not None)
-    finally:
-        torch.set_num_threads(threads)
+    for exc, message, use, usage in cases:
+        def body(o, rec, exc=exc):
+            raise exc
+        with pytest.raises(type(exc)):
+            records.main(body)
+        err = lines(tmp_path / "rank0.jsonl")[-1]
+        assert (err["message"], err.get("use"), err["usage"]) == (message, use, usage), err
+        assert ("use" in err) == (use is not None)
     assert str(cases[0][0]) == f"{said} (use --backend cpu)" and cases[0][0].use == "--backend cpu"
 
 
