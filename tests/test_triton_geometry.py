@@ -49,7 +49,7 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     # (two tokens: whole K, the model's pick on the grid of 396, where 360 items are one round)
     assert [G.geometry(offline.build_key(spec, 1, Experts.ALL, s))["UP_KSPLIT"] for s in (1, 2, 3, 4)] == [2, 1, 2, 1]
     assert G.measured("minimax-m2", 1, 1) == {"UP_KSPLIT": 2, "CTAS_PER_SM": 2, "UP_STAGES": 5, "UP_NARROW_FROM": 1,
-                                              "PACKED_W13": 0}
+                                              "PACKED_W13": 0, "EARLY_HEADER": 3}
     assert G.measured("minimax-m2", 2, 1) == {"EARLY_WEIGHTS": 1, "PACKED_W13": 0, "SUM_OWN_SLOTS": 2,
                                               "UP_NARROW_FROM": 1, "X_TERMS": 2}
     assert G.measured("minimax-m2", 2, 2) == {"EARLY_WEIGHTS": 1, "SUM_OWN_SLOTS": 2}
@@ -60,9 +60,9 @@ def test_geometry_splits_k_and_picks_the_row_top_k(monkeypatch):
     assert [s for s in range(1, 17) if dq[1, s]] == list(range(3, 17))
     assert [(tp, s) for (tp, s), g in geo.items() if g["DOWN_KSPLIT"] != 1] == [(1, 3), (1, 4), (2, 3)]
     assert dq[2, 3]
-    # each item's header read at the end of the item before, both stages, at TP1's 5-16 tokens;
-    # TP2 unmeasured
-    assert {k: g["EARLY_HEADER"] for k, g in geo.items() if g["EARLY_HEADER"]} == {(1, s): 3 for s in range(5, 17)}
+    # each item's header read at the end of the item before, both stages, at TP1's 1 and 5-16
+    # tokens (no gain at 2-4); TP2 unmeasured
+    assert {k: g["EARLY_HEADER"] for k, g in geo.items() if g["EARLY_HEADER"]} == {(1, s): 3 for s in (1, *range(5, 17))}
     assert [s for s in range(1, 17) if dq[2, s]] == list(range(3, 17))
     # five stage-1 pipeline stages, stage 2 at four, at TP1's 4-16 tokens; five and five at 1, four
     # and four at 3 (two CTAs per SM), three at 2 (three); TP2 four, but five / four at 4-5 and 7-16
