@@ -126,7 +126,7 @@ class App(typer.Typer):
                 _err(e.format_message().splitlines()[0])
             sys.exit(e.exit_code)
         except Stopped as e:  # SIGTERM / SIGHUP during a job (launch)
-            _err(f"stopped by {e.name}: the job's ranks were ended")
+            _err(e.message)
             raise
         if rc == 130:  # typer's answer to KeyboardInterrupt (Ctrl-C), the ranks ended by launch's finally
             _err("interrupted (SIGINT): the job's ranks were ended")

@@ -48,8 +48,15 @@ class RankFault(RuntimeError):
 
 
 class Stopped(SystemExit):
-    """SIGTERM or SIGHUP while a job ran: exit 128 + the signal, once the ranks are ended."""
+    """SIGTERM or SIGHUP while a job ran: exit 128 + the signal, once the ranks are ended.
+    ``where``: how long the job ran and where each rank was (launch fills it in), so a CI job's
+    ``timeout`` says whether the job hung in set-up, in a compile or was merely slow."""
 
     def __init__(self, sig: int):
         self.name = signal.Signals(sig).name
+        self.where = ""
         super().__init__(128 + sig)
+
+    @property
+    def message(self) -> str:
+        return f"stopped by {self.name}" + (f" {self.where}" if self.where else "") + ": the job's ranks were ended"

@@ -132,17 +132,21 @@ def run(opts: JobOptions, progress: bool = True) -> JobResult:
         log = (result_dir / "torchrun.log").open("w")
         t0 = time.monotonic()
         watch = Watch(result_dir, opts.tp, opts.timeout_s, str(opts_file))
-        with _terminated_as_exit():
-            proc = subprocess.Popen(cmd, env=job_env(tag), stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=_die_with_parent())
-            try:
-                rc = _wait(proc, result_dir, t0 + deadline, job, progress, watch)
-            finally:
-                if proc.poll() is None:
-                    _kill_group(proc)
-                watch.kill_ranks()  # any rank torchrun could not end (a stopped one ignores SIGTERM)
-                log.close()
-                sweep(tag)
+        try:
+            with _terminated_as_exit():
+                proc = subprocess.Popen(cmd, env=job_env(tag), stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, preexec_fn=_die_with_parent())
+                try:
+                    rc = _wait(proc, result_dir, t0 + deadline, job, progress, watch)
+                finally:
+                    if proc.poll() is None:
+                        _kill_group(proc)
+                    watch.kill_ranks()  # any rank torchrun could not end (a stopped one ignores SIGTERM)
+                    log.close()
+                    sweep(tag)
+        except Stopped as e:  # the ranks are ended; their records say where the job was
+            e.where = f"after {time.monotonic() - t0:.0f} s ({_positions(read_records(result_dir), opts.tp)})"
+            raise
         wall = time.monotonic() - t0
         recs = read_records(result_dir)
         ranks = rank_states(recs, opts.tp)
@@ -299,10 +303,16 @@ def _beats(recs: list[dict]) -> dict[int, dict]:
 
 
 def _unfinished(recs: list[dict], tp: int) -> str:
+    last = _last(recs, tp)
+    waiting = [r for r in range(tp) if last.get(r, {}).get("kind") != "done"]
+    return f"rank(s) {', '.join(map(str, waiting))} had not finished ({_positions(recs, tp)})"
+
+
+def _positions(recs: list[dict], tp: int) -> str:
+    """Where each rank that had not finished was: 'rank 0 at 4500/100000 steps, 0 mismatches, rank 1 at ...'."""
     last, beats = _last(recs, tp), _beats(recs)
     waiting = [r for r in range(tp) if last.get(r, {}).get("kind") != "done"]
-    where = ", ".join(f"rank {r} at {_where(last.get(r), beats.get(r))}" for r in waiting)
-    return f"rank(s) {', '.join(map(str, waiting))} had not finished ({where})"
+    return ", ".join(f"rank {r} at {_where(last.get(r), beats.get(r))}" for r in waiting) or "every rank had finished"
 
 
 def _where(rec: dict | None, beat: dict | None = None) -> str:
@@ -311,13 +321,16 @@ def _where(rec: dict | None, beat: dict | None = None) -> str:
         if beat.get("call_case") is not None:
             return (f"{beat['phase']}: runner call of case {beat['call_case']} w={beat['call_width']}, "
                     f"{beat['call_s']:.1f} s in")
+        if beat.get("total", 0) > 1:  # a count, as the bar shows it: soak's steps, qualify's cases
+            return f"{beat.get('done', 0)}/{beat['total']} {beat['phase']}"
         return str(beat["phase"])
     if rec is None:
         return "start-up"
     if rec.get("kind") == "start":
         return SET_UP_PHASE
     if rec.get("kind") == "progress":
-        return f"{rec.get('what') or 'step'} ({rec['done']}/{rec['total']})"
+        what = rec.get("what") or "steps"
+        return f"{rec['done']}/{rec['total']} {what}" if rec["total"] > 1 else what
     return rec.get("kind", "?")
 
 

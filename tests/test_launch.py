@@ -1,6 +1,7 @@
 """launch: the torchrun command, failure messages, the host watchdog, the ranks ended with ffnq."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from ffnq.jobs.bench import BenchOptions
 from ffnq.jobs.qualify import QualifyOptions
-from ffnq.launch import Tail, Watch, _failure, diagnose, rank_states, torchrun_command, torchrun_failures
+from ffnq.launch import Tail, Watch, _failure, _positions, diagnose, rank_states, torchrun_command, torchrun_failures
 from helpers import TESTS, ffnq_cmd, job_pids
 
 
@@ -36,10 +37,28 @@ CLOSED = {"kind": "error", "rank": 0, "t": 2, "peer_loss": True,
           "message": "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"}
 
 
+def test_positions_say_where_each_unfinished_rank_was():
+    """A stopped or late job's line: each unfinished rank's count as its progress bar showed it
+    (soak's steps of its heartbeat), or its phase; a rank that said done is left out."""
+    from ffnq.errors import Stopped
+
+    recs = [{"kind": "start", "rank": 0}, {"kind": "start", "rank": 1}, {"kind": "done", "rank": 2},
+            {"kind": "beat", "rank": 0, "phase": "steps, 0 mismatches", "done": 4500, "total": 100000},
+            {"kind": "beat", "rank": 1, "phase": "set-up (process group, peer buffers, weights, warm)"}]
+    where = _positions(recs, 3)
+    assert where == ("rank 0 at 4500/100000 steps, 0 mismatches, "
+                     "rank 1 at set-up (process group, peer buffers, weights, warm)")
+    assert _positions([{"kind": "done", "rank": 0}], 1) == "every rank had finished"
+    e = Stopped(signal.SIGTERM)
+    assert e.code == 128 + signal.SIGTERM and e.message == "stopped by SIGTERM: the job's ranks were ended"
+    e.where = f"after 93 s ({where})"
+    assert e.message == f"stopped by SIGTERM after 93 s ({where}): the job's ranks were ended"
+
+
 def test_failure_names_the_rank():
     recs = [{"kind": "start", "rank": 0}, {"kind": "progress", "rank": 0, "done": 3, "total": 9, "what": "correct w=4"}]
     msg = _failure("qualify", 1, recs, 2, ROOT_KILLED)
-    assert "rank 1 died (killed by signal 9, SIGKILL)" in msg and "rank 0 at correct w=4 (3/9)" in msg
+    assert "rank 1 died (killed by signal 9, SIGKILL)" in msg and "rank 0 at 3/9 correct w=4" in msg
     # a rank's own error (no lost peer) is the verdict when no rank died by a signal
     err = recs + [{"kind": "error", "rank": 0, "t": 1, "message": "ValueError: boom"}]
     assert _failure("qualify", 1, err, 2, "") == "qualify: rank 0 failed: ValueError: boom"
@@ -54,7 +73,7 @@ def test_a_survivors_lost_peer_error_never_blames_the_survivor(log):
     v = diagnose("qualify", 1, recs, 2, log)
     msg = v.message
     assert not v.usage and v.use is None and "rank 0 failed" not in msg
-    assert ("rank 1 died (killed by signal 9, SIGKILL)" in msg) if log else ("lost rank 1 at run w=16" in msg), msg
+    assert ("rank 1 died (killed by signal 9, SIGKILL)" in msg) if log else ("lost rank 1 at 5/9 run w=16" in msg), msg
 
 
 def test_a_bounded_wait_that_expired_names_the_missing_rank():
@@ -227,8 +246,9 @@ def test_watch_names_a_stopped_rank_and_kills_it(tmp_path):
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 @pytest.mark.parametrize("sig, rc, says", [
-    (signal.SIGINT, 130, "error: interrupted (SIGINT): the job's ranks were ended"),
-    (signal.SIGTERM, 128 + signal.SIGTERM, "error: stopped by SIGTERM: the job's ranks were ended"),
+    (signal.SIGINT, 130, r"error: interrupted \(SIGINT\): the job's ranks were ended"),
+    (signal.SIGTERM, 128 + signal.SIGTERM,
+     r"error: stopped by SIGTERM after \d+ s \(rank 0 at .+, rank 1 at .+\): the job's ranks were ended"),
     (signal.SIGKILL, -signal.SIGKILL, None)], ids=["SIGINT", "SIGTERM", "SIGKILL"])
 @pytest.mark.slow  # 11-16 s each signal
 def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path, sig, rc, says):
@@ -248,7 +268,7 @@ def test_a_terminated_ffnq_takes_its_ranks_with_it(tmp_path, sig, rc, says):
         p.send_signal(sig)
         assert p.wait(timeout=30) == rc
         if says:
-            assert p.stderr.read().decode().strip().splitlines()[-1] == says
+            assert re.fullmatch(says, p.stderr.read().decode().strip().splitlines()[-1])
         end = time.monotonic() + 20
         while job_pids(tmp_path) and time.monotonic() < end:
             time.sleep(0.5)

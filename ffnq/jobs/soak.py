@@ -152,7 +152,7 @@ class Soak:
             if step + 1 == min(WARM_STEPS, steps):
                 self.rss_warm = round(rss_mb(), 1)
             if time.monotonic() - told >= PROGRESS_S or step + 1 == steps:
-                self.rec.progress(step + 1, steps, f"{self.n['mismatches']} mismatches")
+                self.rec.progress(step + 1, steps, f"steps, {self.n['mismatches']} mismatches")
                 told = time.monotonic()
             if (step + 1) % CHECKPOINT_STEPS == 0:
                 self.rec.write("checkpoint", **self.counts(t0))
