@@ -302,17 +302,26 @@ def _beats(recs: list[dict]) -> dict[int, dict]:
     return {r["rank"]: r for r in recs if r.get("kind") == "beat" and "rank" in r}
 
 
+def _waiting(last: dict[int, dict], tp: int) -> list[int]:
+    """The ranks whose last record (``_last``) is not their done."""
+    return [r for r in range(tp) if last.get(r, {}).get("kind") != "done"]
+
+
 def _unfinished(recs: list[dict], tp: int) -> str:
-    last = _last(recs, tp)
-    waiting = [r for r in range(tp) if last.get(r, {}).get("kind") != "done"]
+    waiting = _waiting(_last(recs, tp), tp)
     return f"rank(s) {', '.join(map(str, waiting))} had not finished ({_positions(recs, tp)})"
 
 
 def _positions(recs: list[dict], tp: int) -> str:
     """Where each rank that had not finished was: 'rank 0 at 4500/100000 steps, 0 mismatches, rank 1 at ...'."""
     last, beats = _last(recs, tp), _beats(recs)
-    waiting = [r for r in range(tp) if last.get(r, {}).get("kind") != "done"]
-    return ", ".join(f"rank {r} at {_where(last.get(r), beats.get(r))}" for r in waiting) or "every rank had finished"
+    return (", ".join(f"rank {r} at {_where(last.get(r), beats.get(r))}" for r in _waiting(last, tp))
+            or "every rank had finished")
+
+
+def _counted(what: str, done: int, total: int) -> str:
+    """A progress count as the bar shows it ('3/9 correct w=4'); a count of one says nothing."""
+    return f"{done}/{total} {what}" if total > 1 else what
 
 
 def _where(rec: dict | None, beat: dict | None = None) -> str:
@@ -321,16 +330,13 @@ def _where(rec: dict | None, beat: dict | None = None) -> str:
         if beat.get("call_case") is not None:
             return (f"{beat['phase']}: runner call of case {beat['call_case']} w={beat['call_width']}, "
                     f"{beat['call_s']:.1f} s in")
-        if beat.get("total", 0) > 1:  # a count, as the bar shows it: soak's steps, qualify's cases
-            return f"{beat.get('done', 0)}/{beat['total']} {beat['phase']}"
-        return str(beat["phase"])
+        return _counted(str(beat["phase"]), beat.get("done", 0), beat.get("total", 0))
     if rec is None:
         return "start-up"
     if rec.get("kind") == "start":
         return SET_UP_PHASE
     if rec.get("kind") == "progress":
-        what = rec.get("what") or "steps"
-        return f"{rec['done']}/{rec['total']} {what}" if rec["total"] > 1 else what
+        return _counted(rec.get("what") or "steps", rec["done"], rec["total"])
     return rec.get("kind", "?")
 
 
@@ -423,7 +429,7 @@ def diagnose(job: str, rc: int, recs: list[dict], tp: int, log: str) -> Verdict:
     if errors:  # only survivors' errors: name the rank(s) they lost
         e = errors[0]
         missing = sorted({m for x in errors for m in x.get("missing", [])})
-        silent = [r for r in range(tp) if r not in erred and last.get(r, {}).get("kind") != "done"]
+        silent = [r for r in _waiting(last, tp) if r not in erred]
         lost = missing or silent
         if lost:
             who = ", ".join(f"rank {r} at {where(r)}" for r in lost)
